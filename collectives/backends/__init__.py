@@ -1,0 +1,1 @@
+"""Backends: native CPU (shm + TCP), MPI (mpi4py), NCCL (CuPy)."""

@@ -1,0 +1,110 @@
+"""The one interface every backend implements.
+
+Terms: a *buffer* is a flat, C-contiguous numpy array (possibly a zero-copy
+view of a torch tensor, or a CuPy array on the NCCL backend); its storage
+dtype is numpy's, its logical dtype is the `DType` passed beside it (bfloat16
+travels as uint16).  *Counts* are in elements.  The Communicator front end has
+validated every argument before a backend sees it: buffers are contiguous,
+lengths match counts, ops are legal for the dtype, AVERAGE is already turned
+into SUM plus a postscale.  A backend only moves and reduces bytes.
+
+Every op defaults to a clear `NotSupported` naming the backend and the op.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from ..errors import NotSupported
+from ..types import DType, ReduceOp
+
+__all__ = ["Backend", "Topology"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """Where every rank lives.  `hosts[r]` is the host identity of rank r."""
+
+    rank: int
+    size: int
+    hosts: tuple
+    addresses: tuple = ()  # "host:port" per rank where the backend has sockets
+
+    @property
+    def local_ranks(self) -> tuple:
+        """World ranks on this rank's host, in rank order."""
+        me = self.hosts[self.rank]
+        return tuple(r for r in range(self.size) if self.hosts[r] == me)
+
+    @property
+    def local_rank(self) -> int:
+        return self.local_ranks.index(self.rank)
+
+    @property
+    def local_size(self) -> int:
+        return len(self.local_ranks)
+
+    @property
+    def host_order(self) -> tuple:
+        """Distinct hosts in order of their lowest rank."""
+        seen: list = []
+        for h in self.hosts:
+            if h not in seen:
+                seen.append(h)
+        return tuple(seen)
+
+    @property
+    def cross_rank(self) -> int:
+        return self.host_order.index(self.hosts[self.rank])
+
+    @property
+    def cross_size(self) -> int:
+        return len(self.host_order)
+
+
+class Backend:
+    """Base class: every op refuses clearly until a subclass implements it."""
+
+    name = "base"
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+
+    @property
+    def rank(self) -> int:
+        return self.topology.rank
+
+    @property
+    def size(self) -> int:
+        return self.topology.size
+
+    def _refuse(self, op: str):
+        raise NotSupported(f"backend {self.name} does not support {op}")
+
+    # -- collectives -------------------------------------------------------
+    def allreduce(self, src, dst, dtype: DType, op: ReduceOp) -> None:
+        """dst[i] = reduce over ranks of src[i]; src may be dst (in place)."""
+        self._refuse("allreduce")
+
+    def allgather(self, src, dst, dtype: DType, counts: Sequence[int]) -> None:
+        """dst = concat over ranks r of rank r's src (counts[r] elements)."""
+        self._refuse("allgather")
+
+    def broadcast(self, buf, dtype: DType, root: int) -> None:
+        """buf on every rank = buf on root."""
+        self._refuse("broadcast")
+
+    def reducescatter(self, src, dst, dtype: DType, op: ReduceOp, counts: Sequence[int]) -> None:
+        """dst on rank r = the reduced block r of src (blocks of counts[r] elements)."""
+        self._refuse("reducescatter")
+
+    def alltoall(self, src, send_counts: Sequence[int], dst, recv_counts: Sequence[int],
+                 dtype: DType) -> None:
+        """Block j of src (send_counts[j] elements) goes to rank j; block i of dst comes from rank i."""
+        self._refuse("alltoall")
+
+    def barrier(self) -> None:
+        self._refuse("barrier")
+
+    def close(self) -> None:
+        """Release sockets, shared memory and threads; safe to call twice."""
