@@ -1,0 +1,87 @@
+"""The MPI backend, run for real under mpiexec, and its behaviour without MPI."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from _mpi_support import HERE, REPO, mpiexec, python, requires_mpi
+
+CHECKS = os.path.join(HERE, "_mpi_checks.py")
+
+
+@pytest.mark.mpi
+@requires_mpi
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_every_op_dtype_and_count_matches_numpy_under_mpiexec(n):
+    proc = mpiexec(n, [CHECKS], timeout=180)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    assert proc.stdout.count("MPI CHECKS OK") == n, proc.stdout[-6000:]  # one line per rank
+
+
+@pytest.mark.mpi
+@requires_mpi
+def test_launched_by_mpiexec_is_true_inside_mpiexec_and_false_outside():
+    code = ("import os, sys; from collectives.backends.mpi import launched_by_mpiexec as l; "
+            "print('LAUNCHED', l(os.environ))")
+    inside = mpiexec(2, ["-c", code], timeout=60)
+    assert inside.returncode == 0, inside.stdout
+    assert inside.stdout.count("LAUNCHED True") == 2, inside.stdout
+    outside = python(code)
+    assert "LAUNCHED False" in outside.stdout, outside.stdout + outside.stderr
+
+
+@pytest.mark.parametrize("env", [
+    {"PMI_RANK": "0"}, {"PMIX_RANK": "3"}, {"OMPI_COMM_WORLD_RANK": "1"},
+    {"MPI_LOCALRANKID": "0"}, {"MV2_COMM_WORLD_RANK": "2"},
+])
+def test_each_launchers_rank_variable_is_recognised(env):
+    from collectives.backends.mpi import launched_by_mpiexec
+    assert launched_by_mpiexec(env)
+
+
+def test_a_plain_or_slurm_environment_is_not_an_mpi_launch():
+    from collectives.backends.mpi import launched_by_mpiexec
+    assert not launched_by_mpiexec({})
+    assert not launched_by_mpiexec({"SLURM_PROCID": "0", "PMI_RANK": ""})
+
+
+_HIDE_MPI4PY = "import sys; sys.modules['mpi4py'] = None; sys.modules['mpi4py.MPI'] = None; "
+
+
+def test_import_collectives_works_without_mpi4py():
+    proc = python(_HIDE_MPI4PY + "import collectives, collectives.backends.mpi; print('IMPORTED')")
+    assert "IMPORTED" in proc.stdout, proc.stderr
+
+
+def test_missing_mpi4py_is_reported_with_an_install_hint():
+    proc = python(_HIDE_MPI4PY + """
+from collectives.backends.mpi import MpiBackend, available
+from collectives.errors import NotSupported
+ok, reason = available()
+print('AVAILABLE', ok, reason)
+try:
+    MpiBackend.from_world()
+except NotSupported as exc:
+    print('RAISED', exc)
+""")
+    assert "AVAILABLE False" in proc.stdout, proc.stdout + proc.stderr
+    assert "RAISED backend mpi is not available: mpi4py is not installed" in proc.stdout, proc.stdout
+    assert "pip install mpi4py mpich" in proc.stdout
+
+
+@requires_mpi
+def test_missing_mpi_runtime_is_reported_with_an_install_hint():
+    # mpi4py is present, but the MPI library it loads is not.
+    proc = python("""
+from collectives.backends.mpi import MpiBackend, available
+from collectives.errors import NotSupported
+print('AVAILABLE', *available())
+try:
+    MpiBackend.from_world()
+except NotSupported as exc:
+    print('RAISED', exc)
+""", env={"MPI4PY_LIBMPI": os.path.join(REPO, "no-such-libmpi.so.12")})
+    assert "AVAILABLE False" in proc.stdout, proc.stdout + proc.stderr
+    assert "cannot load an MPI runtime" in proc.stdout and "no-such-libmpi" in proc.stdout, proc.stdout
+    assert "pip install mpi4py mpich" in proc.stdout
