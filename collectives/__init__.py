@@ -1,0 +1,56 @@
+"""Framework-free collective communication: the Communicator and its backends.
+
+    import collectives
+    comm = collectives.init()          # from the launcher's rank environment
+    total = comm.allreduce(np.ones(4, np.float32))
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+from typing import Mapping, Optional
+
+from ._rankenv import RankEnv
+from .communicator import Communicator, Work
+from .config import Config
+from .errors import (AuthenticationError, CollectiveError, CollectiveTimeout, MismatchError,
+                     NotSupported, PeerLostError)
+from .types import DType, ReduceOp
+
+__all__ = [
+    "init", "Communicator", "Work", "Config", "RankEnv", "ReduceOp", "DType",
+    "CollectiveError", "PeerLostError", "CollectiveTimeout", "MismatchError", "NotSupported",
+    "AuthenticationError", "__version__",
+]
+__version__ = "0.1.0"
+
+_generation = itertools.count()
+
+
+def init(config: Optional[Config] = None, environ: Optional[Mapping[str, str]] = None) -> Communicator:
+    """A Communicator for this process, from the rank environment the launcher set.
+
+    Under `collectives.launch` or the Spark runner: the native backend over the
+    launcher's store.  Under `mpiexec` (or with backend "mpi"): the MPI backend.
+    Otherwise a world of one.  Every rank must call init() the same number of times.
+    """
+    environ = os.environ if environ is None else environ
+    config = config or Config.create(env=environ)
+    gen = next(_generation)
+    renv = RankEnv.from_environ(environ)
+    if renv is not None and config.backend != "mpi":
+        from .store import TCPStore
+
+        store = TCPStore.connect(renv.store_addr, renv.secret, config.connect_timeout)
+        return Communicator.create(store, renv.rank, renv.size, renv.host, renv.bind_addr,
+                                   renv.secret, f"{renv.job}/comm{gen}", config)
+    from .backends import mpi
+
+    if config.backend == "mpi" or mpi.launched_by_mpiexec(environ):
+        return Communicator(mpi.MpiBackend.from_world(config), config)
+    from ._auth import new_secret
+    from .store import InMemoryStore
+
+    return Communicator.create(InMemoryStore(), 0, 1, socket.gethostname(), "127.0.0.1",
+                               new_secret(), f"single/comm{gen}", config)

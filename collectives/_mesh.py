@@ -1,0 +1,146 @@
+"""Bootstrap: a full mesh of authenticated TCP connections between ranks.
+
+Each rank listens on its bind address (the task's address, never every
+interface), publishes `host:port`, its host identity and pid through the
+store in one collective round, then connects to every lower rank and accepts
+every higher one.  A connection proves the job secret (mutual HMAC) before
+its first payload byte, the peer's rank, is read; one that fails is dropped
+and the listener keeps waiting for the real peer, so a stray or hostile
+connection never harms the job.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import struct
+import threading
+import time
+from typing import Dict
+
+from . import _auth
+from .backends.base import Topology
+from .errors import AuthenticationError, CollectiveTimeout, PeerLostError, describe
+from .store import Store
+
+__all__ = ["Mesh", "build_mesh"]
+
+
+@dataclasses.dataclass
+class Mesh:
+    topology: Topology
+    socks: Dict[int, socket.socket]
+    pids: tuple
+    addresses: tuple
+    rejected: int = 0  # connections dropped for failing the handshake
+
+    def close(self) -> None:
+        for s in self.socks.values():
+            try:
+                s.close()
+            except OSError:
+                pass
+        self.socks = {}
+
+
+def _tune(sock: socket.socket) -> socket.socket:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
+        except OSError:
+            pass
+    sock.settimeout(None)
+    return sock
+
+
+def _publish(store, rank, size, host, listener, prefix, timeout):
+    addr, port = listener.getsockname()[:2]
+    me = {"host": host, "addr": addr, "port": port, "pid": os.getpid()}
+    store.set(f"{prefix}/mesh/rank/{rank}", json.dumps(me).encode())
+    peers = []
+    for r in range(size):
+        try:
+            peers.append(json.loads(store.get(f"{prefix}/mesh/rank/{r}", timeout)))
+        except CollectiveTimeout:
+            raise CollectiveTimeout(describe(
+                "rank never published its address", rank=rank, size=size, op="bootstrap",
+                peer=r, timeout=timeout, hint="did every rank start and call init()?")) from None
+    return peers
+
+
+def _accept_peers(listener, rank, size, secret, deadline, socks, errors, stats):
+    want = set(range(rank + 1, size))
+    while want:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            errors.append(CollectiveTimeout(describe(
+                f"ranks {sorted(want)} never connected", rank=rank, size=size, op="bootstrap")))
+            return
+        listener.settimeout(left)
+        try:
+            conn, _ = listener.accept()
+        except socket.timeout:
+            continue
+        except OSError:  # the listener was closed: bootstrap failed elsewhere
+            return
+        try:
+            _auth.server_handshake(conn, secret, "mesh", timeout=min(left, 10.0))
+            peer = struct.unpack(">i", _auth.recv_exact(conn, 4, time.monotonic() + 10.0))[0]
+        except (AuthenticationError, OSError, ConnectionError):
+            stats["rejected"] += 1
+            conn.close()
+            continue
+        if peer not in want:
+            stats["rejected"] += 1
+            conn.close()
+            continue
+        want.discard(peer)
+        socks[peer] = _tune(conn)
+
+
+def _connect_peer(rank, size, peer, info, secret, deadline):
+    where = f"{info['addr']}:{info['port']}"
+    while True:
+        try:
+            sock = socket.create_connection((info["addr"], info["port"]), timeout=5.0)
+            _auth.client_handshake(sock, secret, "mesh", timeout=10.0)
+            sock.sendall(struct.pack(">i", rank))
+            return _tune(sock)
+        except (OSError, AuthenticationError) as exc:
+            if time.monotonic() > deadline:
+                raise PeerLostError(describe(f"cannot connect: {exc}", rank=rank, size=size,
+                                             op="bootstrap", peer=peer, address=where)) from exc
+            time.sleep(0.05)
+
+
+def build_mesh(store: Store, rank: int, size: int, host: str, bind_addr: str, secret: bytes,
+               prefix: str, timeout: float, force_tcp: bool = False) -> Mesh:
+    """Connect every pair of ranks; see the module docstring."""
+    if not 0 <= rank < size:
+        raise ValueError(f"rank {rank} is outside the world of size {size}")
+    listener = socket.create_server((bind_addr, 0), backlog=max(size, 16))
+    try:
+        peers = _publish(store, rank, size, host, listener, prefix, timeout)
+        deadline = time.monotonic() + timeout
+        socks: Dict[int, socket.socket] = {}
+        errors: list = []
+        stats = {"rejected": 0}
+        acceptor = threading.Thread(target=_accept_peers, daemon=True,
+                                    args=(listener, rank, size, secret, deadline, socks, errors, stats))
+        acceptor.start()
+        for peer in range(rank):
+            socks[peer] = _connect_peer(rank, size, peer, peers[peer], secret, deadline)
+        acceptor.join()
+        if errors:
+            for s in socks.values():
+                s.close()
+            raise errors[0]
+    finally:
+        listener.close()
+    hosts = tuple(f"{p['host']}#{r}" if force_tcp else p["host"] for r, p in enumerate(peers))
+    addresses = tuple(f"{p['addr']}:{p['port']}" for p in peers)
+    topo = Topology(rank=rank, size=size, hosts=hosts, addresses=addresses)
+    return Mesh(topology=topo, socks=socks, pids=tuple(p["pid"] for p in peers),
+                addresses=addresses, rejected=stats["rejected"])

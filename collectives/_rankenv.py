@@ -1,0 +1,58 @@
+"""The rank environment: what every launcher hands a rank process.
+
+Read once, at the edge (`collectives.init()`); see docs/architecture.md.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Mapping, Optional
+
+__all__ = ["RankEnv"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RankEnv:
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    host: str
+    bind_addr: str
+    store_addr: str
+    secret: bytes
+    job: str
+
+    def __repr__(self) -> str:  # never print the secret
+        return (f"RankEnv(rank={self.rank}, size={self.size}, local_rank={self.local_rank}, "
+                f"host={self.host!r}, store={self.store_addr}, job={self.job!r})")
+
+    @classmethod
+    def from_environ(cls, environ: Optional[Mapping[str, str]] = None) -> Optional["RankEnv"]:
+        env = os.environ if environ is None else environ
+        if "HVS_RANK" not in env:
+            return None
+        try:
+            return cls(rank=int(env["HVS_RANK"]), size=int(env["HVS_SIZE"]),
+                       local_rank=int(env["HVS_LOCAL_RANK"]), local_size=int(env["HVS_LOCAL_SIZE"]),
+                       cross_rank=int(env["HVS_CROSS_RANK"]), cross_size=int(env["HVS_CROSS_SIZE"]),
+                       host=env["HVS_HOST"], bind_addr=env.get("HVS_BIND_ADDR", "127.0.0.1"),
+                       store_addr=env["HVS_STORE_ADDR"], secret=bytes.fromhex(env["HVS_SECRET"]),
+                       job=env["HVS_JOB"])
+        except (KeyError, ValueError) as exc:
+            raise ValueError(f"incomplete rank environment ({exc}); a launcher sets every HVS_* "
+                             "variable of docs/architecture.md") from None
+
+    def to_environ(self) -> dict:
+        return {
+            "HVS_RANK": str(self.rank), "HVS_SIZE": str(self.size),
+            "HVS_LOCAL_RANK": str(self.local_rank), "HVS_LOCAL_SIZE": str(self.local_size),
+            "HVS_CROSS_RANK": str(self.cross_rank), "HVS_CROSS_SIZE": str(self.cross_size),
+            "HVS_HOST": self.host, "HVS_BIND_ADDR": self.bind_addr,
+            "HVS_STORE_ADDR": self.store_addr, "HVS_SECRET": self.secret.hex(), "HVS_JOB": self.job,
+            "HOROVOD_RANK": str(self.rank), "HOROVOD_SIZE": str(self.size),
+            "HOROVOD_LOCAL_RANK": str(self.local_rank), "HOROVOD_LOCAL_SIZE": str(self.local_size),
+            "HOROVOD_CROSS_RANK": str(self.cross_rank), "HOROVOD_CROSS_SIZE": str(self.cross_size),
+        }

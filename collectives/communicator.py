@@ -1,0 +1,296 @@
+"""The Communicator: the one front door to every backend.
+
+It validates arguments (a `TypeError`/`ValueError` at the call, before any
+communication), maps numpy and torch tensors to flat buffers without copying,
+turns AVERAGE into SUM plus a postscale, numbers every op (its sequence
+number appears in every error), and runs async ops in submission order on one
+worker thread.  After a communication failure the communicator is broken:
+every later op raises at once with the original cause, never hangs.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from typing import Optional, Sequence
+
+import numpy as np
+
+from . import _buffers as B
+from .backends.base import Backend
+from .config import Config
+from .errors import CollectiveError, MismatchError, describe
+from .types import DType, ReduceOp
+
+__all__ = ["Communicator", "Work"]
+
+_META = 10  # dim0, ndim, dtype, then up to 7 trailing dims
+
+
+class Work:
+    """Handle of an async op: wait(timeout) returns its result or raises its error."""
+
+    def __init__(self, future: concurrent.futures.Future) -> None:
+        self._future = future
+
+    def wait(self, timeout: Optional[float] = None):
+        return self._future.result(timeout)
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def exception(self) -> Optional[BaseException]:
+        return self._future.exception() if self._future.done() else None
+
+
+class Communicator:
+    def __init__(self, backend: Backend, config: Optional[Config] = None, *, store=None,
+                 prefix: str = "", gpu_backend=None) -> None:
+        self.backend = backend
+        self.config = config or Config()
+        self._store, self._prefix = store, prefix
+        self._gpu = gpu_backend
+        self._seq = 0
+        self._broken: Optional[CollectiveError] = None
+        self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._pending: list = []
+        self._lock = threading.Lock()
+
+    @classmethod
+    def create(cls, store, rank: int, size: int, host: str, bind_addr: str, secret: bytes,
+               prefix: str, config: Optional[Config] = None) -> "Communicator":
+        """Bootstrap the native CPU backend over a mesh built through `store`."""
+        from ._mesh import build_mesh
+        from .backends.native import NativeBackend
+
+        config = config or Config()
+        mesh = build_mesh(store, rank, size, host, bind_addr, secret, prefix,
+                          config.connect_timeout, force_tcp=config.force_tcp)
+        return cls(NativeBackend(mesh, store, config, prefix), config, store=store, prefix=prefix)
+
+    # -- placement ---------------------------------------------------------
+    rank = property(lambda self: self.backend.topology.rank)
+    size = property(lambda self: self.backend.topology.size)
+    local_rank = property(lambda self: self.backend.topology.local_rank)
+    local_size = property(lambda self: self.backend.topology.local_size)
+    cross_rank = property(lambda self: self.backend.topology.cross_rank)
+    cross_size = property(lambda self: self.backend.topology.cross_size)
+    backend_name = property(lambda self: self.backend.name)
+
+    # -- machinery ---------------------------------------------------------
+    def _ctx(self, op: str, tensor: str = "") -> dict:
+        return dict(rank=self.rank, size=self.size, op=op, seq=self._seq, tensor=tensor or None)
+
+    def _run(self, op: str, tensor: str, fn, async_op: bool):
+        with self._lock:
+            if self._broken is not None:
+                raise type(self._broken)(describe(f"communicator is broken by an earlier failure: "
+                                                  f"{self._broken}", **self._ctx(op, tensor)))
+            self._seq += 1
+            ctx = self._ctx(op, tensor)
+        call = lambda: self._guarded(fn, ctx)  # noqa: E731
+        if async_op:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="collectives")
+            fut = self._pool.submit(call)
+            self._pending = [f for f in self._pending if not f.done()] + [fut]
+            return Work(fut)
+        for fut in self._pending:  # keep submission order
+            fut.exception()
+        self._pending = []
+        return call()
+
+    def _guarded(self, fn, ctx):
+        try:
+            return fn()
+        except CollectiveError as exc:
+            err = exc if f"#{ctx['seq']}" in str(exc) else type(exc)(describe(str(exc), **ctx))
+            self._broken = err
+            raise err from exc
+
+    def _backend_for(self, buf: B.Buf):
+        if buf.kind != "cuda":
+            return self.backend
+        if self._gpu is None:
+            from .backends.nccl import NcclBackend
+
+            self._gpu = NcclBackend.create(self._store, self.backend.topology, self._prefix, self.config)
+        return self._gpu
+
+    @staticmethod
+    def _check_scaling(op: ReduceOp, dtype: DType, prescale: float, postscale: float, what: str):
+        if dtype.is_floating:
+            return
+        if op == ReduceOp.AVERAGE:
+            raise TypeError(f"{what}: AVERAGE needs a floating dtype, got {dtype.name.lower()}; "
+                            "use SUM and divide yourself")
+        if prescale != 1.0 or postscale != 1.0:
+            raise TypeError(f"{what}: prescale/postscale need a floating dtype, got {dtype.name.lower()}")
+
+    # -- ops ---------------------------------------------------------------
+    def allreduce(self, x, out=None, op: ReduceOp = ReduceOp.SUM, prescale: float = 1.0,
+                  postscale: float = 1.0, async_op: bool = False, name: Optional[str] = None):
+        """Reduce x over ranks; out=x reduces in place.  Returns the result."""
+        op = ReduceOp(op)
+        src = B.as_buf(x, what="allreduce input")
+        self._check_scaling(op, src.dtype, prescale, postscale, "allreduce")
+        if op == ReduceOp.AVERAGE:
+            op, postscale = ReduceOp.SUM, postscale / self.size
+        dst = src if out is x else self._out_buf(out, src, "allreduce")
+        backend = self._backend_for(src)
+
+        def run():
+            if src.kind == "cuda":
+                return backend.allreduce_tensor(src.source, dst.source, src.dtype, op, prescale, postscale)
+            if prescale != 1.0:
+                if dst.flat is not src.flat:
+                    np.copyto(dst.flat, src.flat)
+                B.scale_(dst.flat, src.dtype, prescale)
+                backend.allreduce(dst.flat, dst.flat, src.dtype, op)
+            else:
+                backend.allreduce(src.flat, dst.flat, src.dtype, op)
+            B.scale_(dst.flat, src.dtype, postscale)
+            return dst.source if dst.source is not None else dst.wrap(dst.flat.reshape(src.shape))
+
+        return self._run("allreduce", B.describe_tensor(name, src), run, async_op)
+
+    def _out_buf(self, out, src: B.Buf, what: str) -> B.Buf:
+        if out is None:
+            if src.kind == "cuda":
+                return B.Buf(None, src.dtype, src.shape, src.wrap, "cuda", _empty_like(src.source))
+            flat = B.empty_like_storage(src.dtype, src.flat.size)
+            return B.Buf(flat, src.dtype, src.shape, src.wrap, src.kind, None)
+        dst = B.as_buf(out, writable=True, what=f"{what} output")
+        if dst.dtype != src.dtype or int(np.prod(dst.shape)) != int(np.prod(src.shape)):
+            raise ValueError(f"{what}: output {B.describe_tensor(None, dst)} does not match "
+                             f"input {B.describe_tensor(None, src)}")
+        return dst
+
+    def _gather_meta(self, src: B.Buf, what: str) -> np.ndarray:
+        shape = src.shape if src.shape else (1,)
+        if len(shape) > _META - 2:
+            raise ValueError(f"{what}: at most {_META - 3} trailing dimensions, got shape {shape}")
+        meta = np.zeros(_META, np.int64)
+        meta[:3] = (shape[0], len(shape), int(src.dtype))
+        meta[3:3 + len(shape) - 1] = shape[1:]
+        allmeta = np.empty(_META * self.size, np.int64)
+        self.backend.allgather(meta, allmeta, DType.INT64, [_META] * self.size)
+        allmeta = allmeta.reshape(self.size, _META)
+        if not (allmeta[:, 1:] == allmeta[0, 1:]).all():
+            shapes = "; ".join(f"rank {r}: {DType(int(m[2])).name.lower()}"
+                               f"[{','.join(['*'] + [str(d) for d in m[3:2 + int(m[1])]])}]"
+                               for r, m in enumerate(allmeta))
+            raise MismatchError(describe(f"ranks disagree on dtype or trailing shape ({shapes})",
+                                         **self._ctx(what)))
+        return allmeta
+
+    def allgather(self, x, async_op: bool = False, name: Optional[str] = None):
+        """Concatenate every rank's x along dim 0 (first dims may differ)."""
+        src = B.as_buf(x, what="allgather input")
+        shape = src.shape if src.shape else (1,)
+        row = int(np.prod(shape[1:], dtype=np.int64))
+
+        def run():
+            allmeta = self._gather_meta(src, "allgather")
+            rows = [int(m[0]) for m in allmeta]
+            dst = B.empty_like_storage(src.dtype, sum(rows) * row)
+            self.backend.allgather(src.flat, dst, src.dtype, [r * row for r in rows])
+            return src.wrap(dst.reshape((sum(rows),) + tuple(shape[1:])))
+
+        return self._run("allgather", B.describe_tensor(name, src), run, async_op)
+
+    def broadcast(self, x, root: int = 0, async_op: bool = False, name: Optional[str] = None):
+        """Overwrite x on every rank with root's x; returns x."""
+        self._check_root(root, "broadcast")
+        buf = B.as_buf(x, writable=True, what="broadcast buffer")
+        backend = self._backend_for(buf)
+
+        def run():
+            if buf.kind == "cuda":
+                backend.broadcast_tensor(buf.source, buf.dtype, root)
+            else:
+                backend.broadcast(buf.flat, buf.dtype, root)
+            return x
+
+        return self._run("broadcast", B.describe_tensor(name, buf), run, async_op)
+
+    def _check_root(self, root: int, what: str) -> None:
+        if not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
+            raise ValueError(f"{what}: root must be a rank in [0, {self.size}), got {root!r}")
+
+    def _rows_split(self, rows: int, counts: Optional[Sequence[int]], what: str) -> list:
+        if counts is None:
+            base, rem = divmod(rows, self.size)
+            return [base + (1 if r < rem else 0) for r in range(self.size)]
+        counts = [int(c) for c in counts]
+        if len(counts) != self.size or sum(counts) != rows or min(counts) < 0:
+            raise ValueError(f"{what}: splits {counts} must be {self.size} non-negative numbers "
+                             f"that sum to the first dimension {rows}")
+        return counts
+
+    def reducescatter(self, x, op: ReduceOp = ReduceOp.SUM, counts: Optional[Sequence[int]] = None,
+                      async_op: bool = False, name: Optional[str] = None):
+        """Reduce x over ranks, then keep this rank's block of rows (`counts` rows per rank)."""
+        op = ReduceOp(op)
+        src = B.as_buf(x, what="reducescatter input")
+        self._check_scaling(op, src.dtype, 1.0, 1.0, "reducescatter")
+        shape = src.shape if src.shape else (1,)
+        row = int(np.prod(shape[1:], dtype=np.int64))
+        rows = self._rows_split(shape[0], counts, "reducescatter")
+        post = 1.0 / self.size if op == ReduceOp.AVERAGE else 1.0
+        rop = ReduceOp.SUM if op == ReduceOp.AVERAGE else op
+
+        def run():
+            dst = B.empty_like_storage(src.dtype, rows[self.rank] * row)
+            self.backend.reducescatter(src.flat, dst, src.dtype, rop, [r * row for r in rows])
+            B.scale_(dst, src.dtype, post)
+            return src.wrap(dst.reshape((rows[self.rank],) + tuple(shape[1:])))
+
+        return self._run("reducescatter", B.describe_tensor(name, src), run, async_op)
+
+    def alltoall(self, x, splits: Optional[Sequence[int]] = None, async_op: bool = False,
+                 name: Optional[str] = None):
+        """Send rows splits[j] to rank j; returns (received rows, received splits)."""
+        src = B.as_buf(x, what="alltoall input")
+        shape = src.shape if src.shape else (1,)
+        row = int(np.prod(shape[1:], dtype=np.int64))
+        if splits is None and shape[0] % self.size:
+            raise ValueError(f"alltoall: first dimension {shape[0]} is not divisible by size "
+                             f"{self.size}; pass splits")
+        send = self._rows_split(shape[0], splits, "alltoall")
+
+        def run():
+            recv = np.empty(self.size, np.int64)
+            ones = [1] * self.size
+            self.backend.alltoall(np.asarray(send, np.int64), ones, recv, ones, DType.INT64)
+            dst = B.empty_like_storage(src.dtype, int(recv.sum()) * row)
+            self.backend.alltoall(src.flat, [s * row for s in send], dst,
+                                  [int(r) * row for r in recv], src.dtype)
+            return src.wrap(dst.reshape((int(recv.sum()),) + tuple(shape[1:]))), recv
+
+        return self._run("alltoall", B.describe_tensor(name, src), run, async_op)
+
+    def barrier(self) -> None:
+        self._run("barrier", "", self.backend.barrier, False)
+
+    def close(self) -> None:
+        """Finish pending async ops, then release the backends.  Safe to call twice."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        for b in (self._gpu, self.backend):
+            if b is not None:
+                b.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _empty_like(x):
+    if hasattr(x, "new_empty"):
+        return x.new_empty(x.shape)
+    import cupy
+
+    return cupy.empty_like(x)

@@ -1,0 +1,130 @@
+"""Local launcher: N rank processes on this machine, no Spark.
+
+`run_local(fn, np)` runs a cloudpickled function as every rank and returns
+every rank's value; `python -m collectives.launch -n N script.py args` runs a
+script as every rank.  The launcher hosts the authenticated rendezvous store,
+streams each rank's output prefixed Horovod's way (`[1]<stdout>:...`), and on
+the first failure kills every rank's process group and raises `RankFailed`
+naming the root-cause rank.  Ranks die with the launcher (PR_SET_PDEATHSIG),
+so nothing is ever left behind.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from typing import Optional, Sequence
+
+import cloudpickle
+
+from . import _auth
+from ._procs import RankFailed, RankGroup
+from ._rankenv import RankEnv
+from .store import TCPStore
+
+__all__ = ["run_local", "RankFailed", "RankEnv", "main"]
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def rank_envs(np_: int, store_addr: str, secret: bytes, job: str,
+              hosts: Optional[Sequence[str]] = None) -> list:
+    """The rank environment of each of np_ local ranks (`hosts` fakes placement)."""
+    hosts = list(hosts) if hosts else [socket.gethostname()] * np_
+    if len(hosts) != np_:
+        raise ValueError(f"hosts names {len(hosts)} hosts for {np_} ranks")
+    order = list(dict.fromkeys(hosts))
+    envs = []
+    for r in range(np_):
+        same = [i for i in range(np_) if hosts[i] == hosts[r]]
+        envs.append(RankEnv(rank=r, size=np_, local_rank=same.index(r), local_size=len(same),
+                            cross_rank=order.index(hosts[r]), cross_size=len(order),
+                            host=hosts[r], bind_addr="127.0.0.1", store_addr=store_addr,
+                            secret=secret, job=job))
+    return envs
+
+
+def _driver_path(existing: str) -> str:
+    """The ranks import what the launching process imports (its sys.path first)."""
+    parts = [p or os.getcwd() for p in sys.path if p == "" or os.path.isdir(p)]
+    parts += [p for p in existing.split(os.pathsep) if p]
+    return os.pathsep.join(dict.fromkeys(parts))
+
+
+def start_ranks(cmd: Sequence[str], np_: int, env: Optional[dict] = None, hosts=None,
+                stdout=None, stderr=None, secret: Optional[bytes] = None, prefix_output: bool = True):
+    """Start np_ processes running cmd with the rank environment; returns (group, store)."""
+    if not isinstance(np_, int) or np_ < 1:
+        raise ValueError(f"np must be a positive number of ranks, got {np_!r}")
+    secret = secret or _auth.new_secret()
+    server = TCPStore.serve("127.0.0.1", secret)
+    job = f"job-{uuid.uuid4().hex[:12]}"
+    procs = []
+    for renv in rank_envs(np_, server.address, secret, job, hosts):
+        child_env = dict(os.environ)
+        child_env["PYTHONPATH"] = _driver_path(child_env.get("PYTHONPATH", ""))
+        child_env.update(env or {})
+        child_env.update(renv.to_environ())
+        procs.append(subprocess.Popen(list(cmd), env=child_env, stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      start_new_session=True, preexec_fn=_die_with_parent))
+    group = RankGroup(procs, server, job, stdout or sys.stdout, stderr or sys.stderr, prefix_output)
+    return group, server
+
+
+def run_local(fn, np: int, args: Sequence = (), kwargs: Optional[dict] = None,
+              env: Optional[dict] = None, stdout=None, stderr=None, timeout: Optional[float] = None,
+              secret: Optional[bytes] = None, hosts: Optional[Sequence[str]] = None,
+              prefix_output: bool = True) -> list:
+    """Run fn(*args, **kwargs) as np local ranks; returns every rank's value in rank order.
+
+    Raises:
+        RankFailed: naming the first failing rank, its exit status and traceback.
+    """
+    if not callable(fn):
+        raise TypeError(f"run_local needs a callable, got {type(fn).__name__}")
+    try:
+        blob = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
+    except Exception as exc:
+        raise TypeError(f"the function or its arguments cannot be pickled: {exc}") from exc
+    group, server = start_ranks([sys.executable, "-m", "collectives.worker"], np, env, hosts,
+                                stdout, stderr, secret, prefix_output)
+    server.set(f"{group.job}/fn", blob)
+    with group:
+        return group.wait_results(timeout)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m collectives.launch",
+                                description="Run a script as N local ranks.")
+    p.add_argument("-n", "--np", type=int, required=True, help="number of ranks")
+    p.add_argument("--hosts", help="comma-separated host identity per rank (fakes placement)")
+    p.add_argument("--tcp", action="store_true", help="force the TCP path between all ranks")
+    p.add_argument("--timeout", type=float, default=None, help="seconds before the job is killed")
+    p.add_argument("script")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    ns = p.parse_args(argv)
+    env = {"HOROVOD_SPARK_FORCE_TCP": "1"} if ns.tcp else {}
+    hosts = ns.hosts.split(",") if ns.hosts else None
+    group, _ = start_ranks([sys.executable, ns.script, *ns.args], ns.np, env, hosts)
+    with group:
+        try:
+            group.wait_exit(ns.timeout)
+        except RankFailed as exc:
+            print(f"collectives.launch: {exc}", file=sys.stderr)
+            return exc.exitcode if exc.exitcode and exc.exitcode > 0 else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

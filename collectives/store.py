@@ -1,0 +1,276 @@
+"""A tiny key-value store for rendezvous, in the spirit of Gloo's and c10d's.
+
+`InMemoryStore` serves threads of one process; `TCPStore` serves processes: a
+server thread on the launcher (or the Spark task) and one client per rank.
+Every TCP connection runs the mutual HMAC handshake of `_auth` before a byte
+of payload is parsed.  Values are bytes, never pickles; what a caller puts in
+them is its own business once the peer is authenticated.
+
+Wire format after the handshake (all integers big-endian):
+
+    request   cmd (1) | key length (u32) | key | value length (u64) | value
+    reply     status (1) | value length (u64) | value
+
+GET carries its timeout in milliseconds as the value; ADD carries an i64.
+"""
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+from typing import Callable, Iterable, Optional
+
+from . import _auth
+from .errors import AuthenticationError, CollectiveError, CollectiveTimeout, PeerLostError
+
+__all__ = ["Store", "InMemoryStore", "PrefixStore", "TCPStore", "StoreServer"]
+
+_SET, _GET, _ADD, _DEL, _CHECK = 1, 2, 3, 4, 5
+_OK, _TIMEOUT, _ERROR = 0, 1, 2
+MAX_KEY = 4096
+MAX_VALUE = 1 << 31
+
+
+class Store:
+    """set / get (waits) / wait / add / delete on byte values."""
+
+    def set(self, key: str, value: bytes) -> None:
+        raise NotImplementedError
+
+    def get(self, key: str, timeout: Optional[float] = None) -> bytes:
+        raise NotImplementedError
+
+    def add(self, key: str, amount: int) -> int:
+        raise NotImplementedError
+
+    def delete(self, key: str) -> None:
+        raise NotImplementedError
+
+    def check(self, key: str) -> bool:
+        raise NotImplementedError
+
+    def wait(self, keys: Iterable[str], timeout: Optional[float] = None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for key in keys:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            self.get(key, left)
+
+    def close(self) -> None:
+        pass
+
+
+class InMemoryStore(Store):
+    def __init__(self) -> None:
+        self._data: dict = {}
+        self._cond = threading.Condition()
+
+    def set(self, key, value):
+        with self._cond:
+            self._data[key] = bytes(value)
+            self._cond.notify_all()
+
+    def get(self, key, timeout=None):
+        with self._cond:
+            if not self._cond.wait_for(lambda: key in self._data, timeout):
+                raise CollectiveTimeout(f"store: key {key!r} not set after {timeout:g} s")
+            return self._data[key]
+
+    def add(self, key, amount):
+        with self._cond:
+            val = int(self._data.get(key, b"0")) + int(amount)
+            self._data[key] = str(val).encode()
+            self._cond.notify_all()
+            return val
+
+    def delete(self, key):
+        with self._cond:
+            self._data.pop(key, None)
+
+    def check(self, key):
+        with self._cond:
+            return key in self._data
+
+
+class PrefixStore(Store):
+    """Keys of one job and attempt: every key is `prefix/key`."""
+
+    def __init__(self, prefix: str, store: Store) -> None:
+        self.prefix, self.store = prefix.rstrip("/"), store
+
+    def _k(self, key):
+        return f"{self.prefix}/{key}"
+
+    def set(self, key, value):
+        self.store.set(self._k(key), value)
+
+    def get(self, key, timeout=None):
+        return self.store.get(self._k(key), timeout)
+
+    def add(self, key, amount):
+        return self.store.add(self._k(key), amount)
+
+    def delete(self, key):
+        self.store.delete(self._k(key))
+
+    def check(self, key):
+        return self.store.check(self._k(key))
+
+
+def _send_frame(sock, head: bytes, key: bytes, value: bytes) -> None:
+    sock.sendall(head + struct.pack(">I", len(key)) + key + struct.pack(">Q", len(value)))
+    if value:
+        sock.sendall(value)
+
+
+class StoreServer(InMemoryStore):
+    """The store itself, plus a thread that serves it over authenticated TCP."""
+
+    def __init__(self, bind: str, port: int, secret: bytes,
+                 on_set: Optional[Callable[[str, bytes], None]] = None) -> None:
+        super().__init__()
+        self._secret, self._on_set = secret, on_set
+        self._listener = socket.create_server((bind, port), backlog=128)
+        self.address = "%s:%d" % self._listener.getsockname()[:2]
+        self._closed = False
+        self.rejected = 0  # connections dropped for failing the handshake
+        threading.Thread(target=self._accept_loop, name="store-accept", daemon=True).start()
+
+    def _accept_loop(self) -> None:
+        while not self._closed:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                _auth.server_handshake(conn, self._secret, "store")
+            except AuthenticationError:
+                self.rejected += 1
+                return
+            conn.settimeout(None)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                while self._handle(conn):
+                    pass
+            except (OSError, ConnectionError, ValueError):
+                return
+
+    def _handle(self, conn) -> bool:
+        try:
+            head = _auth.recv_exact(conn, 5)
+        except ConnectionError:
+            return False
+        cmd, klen = head[0], struct.unpack(">I", head[1:])[0]
+        if klen > MAX_KEY:
+            raise ValueError("key too long")
+        key = _auth.recv_exact(conn, klen).decode()
+        vlen = struct.unpack(">Q", _auth.recv_exact(conn, 8))[0]
+        if vlen > MAX_VALUE:
+            raise ValueError("value too long")
+        value = _auth.recv_exact(conn, vlen) if vlen else b""
+        status, out = self._dispatch(cmd, key, value)
+        conn.sendall(bytes([status]) + struct.pack(">Q", len(out)) + out)
+        return True
+
+    def _dispatch(self, cmd, key, value):
+        try:
+            if cmd == _SET:
+                self.set(key, value)
+                if self._on_set is not None:
+                    self._on_set(key, value)
+                return _OK, b""
+            if cmd == _GET:
+                ms = struct.unpack(">q", value)[0]
+                return _OK, self.get(key, None if ms < 0 else ms / 1000.0)
+            if cmd == _ADD:
+                return _OK, struct.pack(">q", self.add(key, struct.unpack(">q", value)[0]))
+            if cmd == _DEL:
+                self.delete(key)
+                return _OK, b""
+            if cmd == _CHECK:
+                return _OK, b"1" if self.check(key) else b"0"
+        except CollectiveTimeout as exc:
+            return _TIMEOUT, str(exc).encode()
+        except Exception as exc:  # reported to the client, never crashes the server
+            return _ERROR, f"{type(exc).__name__}: {exc}".encode()
+        return _ERROR, f"unknown store command {cmd}".encode()
+
+    def close(self) -> None:
+        self._closed = True
+        try:
+            self._listener.close()
+        except OSError:
+            pass
+
+
+class TCPStore(Store):
+    """Client of a StoreServer.  Thread-safe: one request at a time per client."""
+
+    def __init__(self, sock: socket.socket, address: str) -> None:
+        self._sock, self.address = sock, address
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def serve(bind: str = "127.0.0.1", secret: bytes = b"", port: int = 0,
+              on_set: Optional[Callable[[str, bytes], None]] = None) -> StoreServer:
+        if not secret:
+            raise ValueError("TCPStore.serve needs the job secret (32 random bytes)")
+        return StoreServer(bind, port, secret, on_set)
+
+    @classmethod
+    def connect(cls, address: str, secret: bytes, timeout: float = 60.0) -> "TCPStore":
+        host, port = address.rsplit(":", 1)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                sock = socket.create_connection((host, int(port)), timeout=max(deadline - time.monotonic(), 0.1))
+                break
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    raise PeerLostError(f"cannot reach the rendezvous store at {address}: {exc}") from exc
+                time.sleep(0.05)
+        _auth.client_handshake(sock, secret, "store", timeout=max(deadline - time.monotonic(), 1.0))
+        sock.settimeout(None)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return cls(sock, address)
+
+    def _call(self, cmd: int, key: str, value: bytes = b"") -> bytes:
+        with self._lock:
+            try:
+                _send_frame(self._sock, bytes([cmd]), key.encode(), value)
+                status = _auth.recv_exact(self._sock, 1)[0]
+                n = struct.unpack(">Q", _auth.recv_exact(self._sock, 8))[0]
+                out = _auth.recv_exact(self._sock, n) if n else b""
+            except (OSError, ConnectionError) as exc:
+                raise PeerLostError(f"lost the rendezvous store at {self.address}: {exc}") from exc
+        if status == _TIMEOUT:
+            raise CollectiveTimeout(out.decode())
+        if status != _OK:
+            raise CollectiveError(f"store at {self.address}: {out.decode()}")
+        return out
+
+    def set(self, key, value):
+        self._call(_SET, key, bytes(value))
+
+    def get(self, key, timeout=None):
+        ms = -1 if timeout is None else int(timeout * 1000)
+        return self._call(_GET, key, struct.pack(">q", ms))
+
+    def add(self, key, amount):
+        return struct.unpack(">q", self._call(_ADD, key, struct.pack(">q", int(amount))))[0]
+
+    def delete(self, key):
+        self._call(_DEL, key)
+
+    def check(self, key):
+        return self._call(_CHECK, key) == b"1"
+
+    def close(self):
+        try:
+            self._sock.close()
+        except OSError:
+            pass

@@ -1,0 +1,157 @@
+"""Bootstrap of the mesh and the local launcher, with real processes and sockets."""
+import os
+import signal
+import socket
+import threading
+import time
+
+import psutil
+import pytest
+
+from collectives import _auth
+from collectives._mesh import build_mesh
+from collectives.errors import CollectiveTimeout
+from collectives.launch import RankFailed, run_local
+from collectives.store import InMemoryStore
+
+SECRET = b"k" * 32
+
+
+def _mesh_world(size, **kw):
+    store, out, errs = InMemoryStore(), {}, []
+
+    def rank(r):
+        try:
+            out[r] = build_mesh(store, r, size, "h", "127.0.0.1", SECRET, "t", 10.0, **kw)
+        except Exception as exc:  # surfaced by the assertion below
+            errs.append(exc)
+
+    ts = [threading.Thread(target=rank, args=(r,)) for r in range(size)]
+    [t.start() for t in ts]
+    [t.join(20) for t in ts]
+    assert not errs, errs
+    return out
+
+
+@pytest.mark.parametrize("size", [1, 2, 4])
+def test_mesh_connects_every_pair_with_the_right_peer(size):
+    meshes = _mesh_world(size)
+    for r, m in meshes.items():
+        assert sorted(m.socks) == [p for p in range(size) if p != r]
+        assert m.topology.local_size == size
+    if size > 1:  # a byte sent on 0's socket to 1 arrives on 1's socket from 0
+        meshes[0].socks[1].sendall(b"x")
+        assert meshes[1].socks[0].recv(1) == b"x"
+    for m in meshes.values():
+        m.close()
+
+
+def test_force_tcp_makes_every_rank_its_own_host():
+    meshes = _mesh_world(3, force_tcp=True)
+    assert all(m.topology.local_size == 1 and m.topology.cross_size == 3 for m in meshes.values())
+
+
+def test_a_stray_connection_with_a_wrong_secret_does_not_break_bootstrap():
+    store = InMemoryStore()
+    result = {}
+
+    def intruder():
+        import json
+        info = json.loads(store.get("t/mesh/rank/0", 10))
+        s = socket.create_connection((info["addr"], info["port"]))
+        try:
+            _auth.client_handshake(s, b"w" * 32, "mesh", 5)
+        except Exception:
+            pass
+        s.close()
+
+    def rank(r):
+        if r == 1:
+            time.sleep(0.3)  # the intruder comes first
+        result[r] = build_mesh(store, r, 2, "h", "127.0.0.1", SECRET, "t", 10.0)
+
+    ts = [threading.Thread(target=rank, args=(r,)) for r in range(2)] + [threading.Thread(target=intruder)]
+    [t.start() for t in ts]
+    [t.join(20) for t in ts]
+    assert sorted(result) == [0, 1]
+    assert result[0].rejected == 1
+
+
+def test_a_rank_that_never_arrives_times_out_naming_it():
+    with pytest.raises(CollectiveTimeout, match="peer rank 1"):
+        build_mesh(InMemoryStore(), 0, 2, "h", "127.0.0.1", SECRET, "t", 0.5)
+
+
+def _whoami(offset):
+    return int(os.environ["HVS_RANK"]) + offset, int(os.environ["HVS_SIZE"])
+
+
+def test_run_local_returns_every_rank_value_in_rank_order():
+    assert run_local(_whoami, 3, args=(10,)) == [(10, 3), (11, 3), (12, 3)]
+
+
+def _fail_on_rank_1():
+    if os.environ["HVS_RANK"] == "1":
+        print("about to fail", flush=True)
+        raise KeyError("bad key on rank one")
+    time.sleep(30)
+
+
+def test_an_exception_names_the_rank_with_its_traceback_and_output():
+    t0 = time.monotonic()
+    with pytest.raises(RankFailed) as info:
+        run_local(_fail_on_rank_1, 2, timeout=60)
+    err = info.value
+    assert err.rank == 1 and err.error_type == "KeyError"
+    assert "bad key on rank one" in str(err) and "_fail_on_rank_1" in err.remote_traceback
+    assert "about to fail" in err.output_tail
+    assert isinstance(err.original(), KeyError)
+    assert time.monotonic() - t0 < 20  # the sleeping rank was killed, not waited for
+
+
+def _exit_3():
+    if os.environ["HVS_RANK"] == "0":
+        os._exit(3)
+    time.sleep(30)
+
+
+def test_os_exit_is_named_with_its_exit_status():
+    with pytest.raises(RankFailed, match=r"rank 0 failed \(exit status 3\)"):
+        run_local(_exit_3, 2, timeout=60)
+
+
+def _sigkill_self():
+    if os.environ["HVS_RANK"] == "1":
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(30)
+
+
+def test_sigkill_is_named_and_no_rank_process_is_left_behind():
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(RankFailed, match="rank 1 failed .killed by SIGKILL"):
+        run_local(_sigkill_self, 3, timeout=60)
+    after = {p.pid for p in psutil.Process().children(recursive=True)}
+    assert after <= before
+
+
+def _chatty():
+    print(f"hello from {os.environ['HVS_RANK']}", flush=True)
+    return 0
+
+
+def test_output_is_forwarded_prefixed_by_rank(capfd):
+    import io
+    buf = io.StringIO()
+    run_local(_chatty, 2, stdout=buf)
+    text = buf.getvalue()
+    assert "[0]<stdout>:hello from 0" in text and "[1]<stdout>:hello from 1" in text
+
+
+def test_bad_arguments_are_refused_before_any_process_starts():
+    with pytest.raises(ValueError, match="positive number of ranks"):
+        run_local(_chatty, 0)
+    with pytest.raises(TypeError, match="callable"):
+        run_local(42, 2)
+    lock = threading.Lock()
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        run_local(lambda: lock, 2)
