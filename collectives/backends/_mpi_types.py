@@ -92,23 +92,30 @@ class Kernels:
     def __init__(self, MPI) -> None:
         self._MPI = MPI
         self._ops: dict = {}
+        self._created: list = []  # the user-defined ops, which need Op.Free
         self.failure: Optional[BaseException] = None
 
     def op(self, dtype: DType, op: ReduceOp):
-        """The MPI.Op that reduces `dtype` with `op`."""
+        """The MPI.Op that reduces `dtype` with `op` (cached: this is on every call's path)."""
+        try:
+            return self._ops[(dtype, op)]
+        except KeyError:
+            pass
+        key = (dtype, op)
         dtype, op = DType(dtype), ReduceOp(op)
         if op not in _UFUNC:
             raise ValueError(f"ReduceOp.{op.name} must be lowered by the front end "
                              "(AVERAGE is SUM plus a postscale)")
         if dtype == DType.BOOL:
-            return getattr(self._MPI, _LOGICAL[op])
-        if dtype not in (DType.FLOAT16, DType.BFLOAT16):
-            return getattr(self._MPI, _BUILTIN[op])
-        key = (dtype, op)
-        if key not in self._ops:
+            mpi_op = getattr(self._MPI, _LOGICAL[op])
+        elif dtype not in (DType.FLOAT16, DType.BFLOAT16):
+            mpi_op = getattr(self._MPI, _BUILTIN[op])
+        else:
             make = _f16_kernel if dtype == DType.FLOAT16 else _bf16_kernel
-            self._ops[key] = self._MPI.Op.Create(self._guard(make(_UFUNC[op])), commute=True)
-        return self._ops[key]
+            mpi_op = self._MPI.Op.Create(self._guard(make(_UFUNC[op])), commute=True)
+            self._created.append(mpi_op)
+        self._ops[key] = mpi_op
+        return mpi_op
 
     def _guard(self, kernel: Callable) -> Callable:
         def call(inbuf, inoutbuf, datatype) -> None:
@@ -125,9 +132,10 @@ class Kernels:
         return exc
 
     def free(self) -> None:
-        for op in self._ops.values():
+        for op in self._created:
             try:
                 op.Free()
             except Exception:  # noqa: BLE001 - MPI may already be finalized
                 pass
+        self._created.clear()
         self._ops.clear()

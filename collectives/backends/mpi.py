@@ -13,7 +13,7 @@ Reduce_scatter, Alltoallv, Barrier) with explicit `[buffer, count(s),
 datatype]` specs, so numpy's type codes never choose the datatype; see
 `_mpi_types` for the datatypes and the float16 / bfloat16 / bool reductions.
 The world's error handler is `ERRORS_RETURN`; every MPI error becomes one of
-our exceptions naming the rank, the op and its sequence number, in `_call`.
+our exceptions naming the rank, the op and its sequence number, in `_translate`.
 Calls are serialized by a lock (the fusion engine's thread and the caller's
 may both reach the backend); their order across ranks is the front end's job.
 
@@ -78,8 +78,13 @@ def _import_mpi():
     return MPI
 
 
-def _data_address(buf) -> int:
-    return buf.__array_interface__["data"][0]
+def _same_memory(MPI, a, b) -> bool:
+    """a and b are the same memory (in place), not merely overlapping."""
+    return a.nbytes == b.nbytes and MPI.buffer(a).address == MPI.buffer(b).address
+
+
+def _tensor(dtype: Optional[DType], count: int) -> Optional[str]:
+    return None if dtype is None else f"{DType(dtype).name.lower()}[{count}]"
 
 
 def _displacements(counts: Sequence[int]) -> list:
@@ -102,8 +107,9 @@ class MpiBackend(Backend):
         self._MPI = MPI
         self._lock = threading.Lock()
         self._seq = 0
-        from ._mpi_types import Kernels
+        from ._mpi_types import Kernels, storage_type
         self._kernels = Kernels(MPI)
+        self._types = {d: storage_type(MPI, d) for d in DType}
 
     # -- construction ------------------------------------------------------
     @classmethod
@@ -134,46 +140,43 @@ class MpiBackend(Backend):
 
     # -- collectives -------------------------------------------------------
     def allreduce(self, src, dst, dtype: DType, op: ReduceOp) -> None:
-        MPI, dt = self._MPI, self._type(dtype)
-        count = dst.size
-        with self._call("allreduce", dtype, count):
-            mpi_op = self._kernels.op(dtype, op)
-            if _data_address(src) == _data_address(dst) or count == 0:
-                self._comm.Allreduce(MPI.IN_PLACE, [dst, count, dt], mpi_op)
-                return
-            if np.may_share_memory(src, dst):  # partial overlap: MPI forbids aliasing
-                src = src.copy()
-            self._comm.Allreduce([src, count, dt], [dst, count, dt], mpi_op)
+        MPI, dt, count = self._MPI, self._types[dtype], dst.size
+        mpi_op = self._kernels.op(dtype, op)
+        if count == 0 or (np.may_share_memory(src, dst) and _same_memory(MPI, src, dst)):
+            self._invoke("allreduce", dtype, count, self._comm.Allreduce,
+                         MPI.IN_PLACE, [dst, count, dt], mpi_op)
+            return
+        if np.may_share_memory(src, dst):  # partial overlap: MPI forbids aliasing
+            src = src.copy()
+        self._invoke("allreduce", dtype, count, self._comm.Allreduce,
+                     [src, count, dt], [dst, count, dt], mpi_op)
 
     def allgather(self, src, dst, dtype: DType, counts: Sequence[int]) -> None:
-        dt, counts = self._type(dtype), [int(c) for c in counts]
-        with self._call("allgather", dtype, sum(counts)):
-            self._comm.Allgatherv([src, counts[self.rank], dt],
-                                  [dst, (counts, _displacements(counts)), dt])
+        dt, counts = self._types[dtype], [int(c) for c in counts]
+        self._invoke("allgather", dtype, sum(counts), self._comm.Allgatherv,
+                     [src, counts[self.rank], dt], [dst, (counts, _displacements(counts)), dt])
 
     def broadcast(self, buf, dtype: DType, root: int) -> None:
-        with self._call("broadcast", dtype, buf.size, peer=root):
-            self._comm.Bcast([buf, buf.size, self._type(dtype)], root=int(root))
+        self._invoke("broadcast", dtype, buf.size, self._comm.Bcast,
+                     [buf, buf.size, self._types[dtype]], int(root), peer=root)
 
     def reducescatter(self, src, dst, dtype: DType, op: ReduceOp, counts: Sequence[int]) -> None:
-        dt, counts = self._type(dtype), [int(c) for c in counts]
-        with self._call("reducescatter", dtype, sum(counts)):
-            mpi_op = self._kernels.op(dtype, op)
-            self._comm.Reduce_scatter([src, sum(counts), dt], [dst, counts[self.rank], dt],
-                                      recvcounts=counts, op=mpi_op)
+        dt, counts = self._types[dtype], [int(c) for c in counts]
+        mpi_op = self._kernels.op(dtype, op)
+        self._invoke("reducescatter", dtype, sum(counts), self._comm.Reduce_scatter,
+                     [src, sum(counts), dt], [dst, counts[self.rank], dt], counts, mpi_op)
 
     def alltoall(self, src, send_counts: Sequence[int], dst, recv_counts: Sequence[int],
                  dtype: DType) -> None:
-        dt = self._type(dtype)
+        dt = self._types[dtype]
         send_counts = [int(c) for c in send_counts]
         recv_counts = [int(c) for c in recv_counts]
-        with self._call("alltoall", dtype, sum(send_counts)):
-            self._comm.Alltoallv([src, (send_counts, _displacements(send_counts)), dt],
-                                 [dst, (recv_counts, _displacements(recv_counts)), dt])
+        self._invoke("alltoall", dtype, sum(send_counts), self._comm.Alltoallv,
+                     [src, (send_counts, _displacements(send_counts)), dt],
+                     [dst, (recv_counts, _displacements(recv_counts)), dt])
 
     def barrier(self) -> None:
-        with self._call("barrier", None, 0):
-            self._comm.Barrier()
+        self._invoke("barrier", None, 0, self._comm.Barrier)
 
     def close(self) -> None:
         with self._lock:
@@ -184,30 +187,24 @@ class MpiBackend(Backend):
                     comm.Free()
 
     # -- helpers -----------------------------------------------------------
-    def _type(self, dtype: DType):
-        from ._mpi_types import storage_type
-        return storage_type(self._MPI, dtype)
-
-    @contextlib.contextmanager
-    def _call(self, op: str, dtype: Optional[DType], count: int, peer: Optional[int] = None):
-        """Serialize one MPI call and turn its failures into our exceptions."""
+    def _invoke(self, op: str, dtype: Optional[DType], count: int, call, *args, peer=None) -> None:
+        """Run one MPI call under the lock; turn its failures into our exceptions."""
         with self._lock:
             self._seq += 1
-            seq = self._seq
-            tensor = None if dtype is None else f"{DType(dtype).name.lower()}[{count}]"
             if self._comm is None:
                 raise CollectiveError(describe("the MPI backend is closed", rank=self.rank,
-                                               size=self.size, op=op, seq=seq, tensor=tensor))
+                                               size=self.size, op=op, seq=self._seq,
+                                               tensor=_tensor(dtype, count)))
             try:
-                yield
+                call(*args)
             except self._MPI.Exception as exc:
-                raise self._translate(exc, op, seq, tensor, peer) from exc
-            failure = self._kernels.take_failure()
-            if failure is not None:
+                raise self._translate(exc, op, self._seq, _tensor(dtype, count), peer) from exc
+            if self._kernels.failure is not None:
+                failure = self._kernels.take_failure()
                 raise CollectiveError(describe(
                     f"the {DType(dtype).name.lower()} reduction kernel failed: {failure!r}",
-                    rank=self.rank, size=self.size, op=op, seq=seq, tensor=tensor,
-                    hint="the result on this rank is not valid")) from failure
+                    rank=self.rank, size=self.size, op=op, seq=self._seq,
+                    tensor=_tensor(dtype, count), hint="the result on this rank is not valid")) from failure
 
     def _translate(self, exc, op: str, seq: int, tensor, peer) -> CollectiveError:
         """The one place an MPI error code becomes a Python exception."""
