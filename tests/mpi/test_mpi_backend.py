@@ -85,3 +85,23 @@ except NotSupported as exc:
     assert "AVAILABLE False" in proc.stdout, proc.stdout + proc.stderr
     assert "cannot load an MPI runtime" in proc.stdout and "no-such-libmpi" in proc.stdout, proc.stdout
     assert "pip install mpi4py mpich" in proc.stdout
+
+
+@pytest.mark.mpi
+@requires_mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_init_under_mpiexec_picks_the_mpi_backend_with_placement_from_mpi(n):
+    proc = mpiexec(n, [os.path.join(HERE, "_mpi_init_prog.py")], timeout=120)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    assert proc.stdout.count("MPI INIT OK") == n, proc.stdout[-6000:]
+
+
+@pytest.mark.mpi
+@requires_mpi
+@pytest.mark.skipif(not os.path.exists(os.path.join(REPO, "tests", "collectives", "suite.py")),
+                    reason="the shared suite tests/collectives/suite.py is not written yet")
+@pytest.mark.parametrize("n", [2, 3])
+def test_the_shared_collective_suite_passes_under_mpiexec(n):
+    proc = mpiexec(n, [os.path.join(HERE, "_mpi_init_prog.py"), "suite"], timeout=240)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    assert proc.stdout.count("MPI INIT OK") == n, proc.stdout[-6000:]
