@@ -1,0 +1,16 @@
+"""horovod-spark: distributed deep-learning training on Spark clusters.
+
+    from horovod_spark import HorovodRunner
+    model = HorovodRunner(np=4).run(train, epochs=3)
+
+See `horovod_spark.runner` for the launch API; `horovod_spark.torch` and
+`horovod_spark.tensorflow` for the Horovod-compatible training API.
+"""
+from __future__ import annotations
+
+from ._driver import JobFailedError
+from ._output import log_to_driver
+from .runner import HorovodRunner, run
+
+__all__ = ["HorovodRunner", "run", "JobFailedError", "log_to_driver", "__version__"]
+__version__ = "0.1.0"

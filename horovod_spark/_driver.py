@@ -1,0 +1,370 @@
+"""The driver side of a job: pickle, check, submit one barrier stage, gather.
+
+Terms.  A *job* is one call of `run` / `HorovodRunner.run`; an *attempt* is
+one barrier stage of it (`max_restarts` adds attempts after a failure).  The
+*payload* is the cloudpickle of (fn, args, kwargs).  Each attempt has its own
+key prefix (`hvs-<job id>/a<attempt>`) and log server; the job has one secret.
+
+A failed attempt is explained by *failure records* (see `_task`), which
+arrive on the log channel and inside Spark's exception text.  The *root
+cause* is chosen the way the local launcher chooses it: a rank whose own code
+raised, then a rank that died without a word, then a rank that lost a peer,
+then a rank the driver itself aborted; earlier arrival breaks ties.  Cleanup
+(abort frame to every task, job cancel, log server close) runs in `finally`.
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import functools
+import os
+import signal
+import sys
+import uuid
+from typing import Mapping, Optional, Sequence, Tuple
+
+from collectives.errors import describe
+
+from . import _checks
+from ._output import LineSink, LogServer, parse_failure_markers
+
+__all__ = ["JobFailedError", "pickle_job", "run_on_spark", "run_on_driver", "JobOptions"]
+
+GRACE = 1.0          # seconds to wait for the root cause after the first failure record
+DRAIN = 5.0          # seconds to wait for the last output lines of every rank
+_COMM_ERRORS = ("PeerLostError", "CollectiveTimeout")
+_DEATHS = ("ProcessDied", "ProcessExited")
+
+
+class JobFailedError(RuntimeError):
+    """A rank failed; names it, its error or exit status, its traceback and last output."""
+
+    def __init__(self, record: dict, attempt: int = 0, attempts: int = 1) -> None:
+        self.record = record
+        self.rank: Optional[int] = record.get("rank")
+        self.size: Optional[int] = record.get("size")
+        self.host: Optional[str] = record.get("host")
+        self.exitcode: Optional[int] = record.get("exitcode")
+        self.error_type: str = record.get("error_type", "JobFailed")
+        self.error_message: str = record.get("message", "")
+        self.remote_traceback: str = record.get("traceback") or ""
+        self.output_tail: str = "\n".join(record.get("tail") or [])
+        self.attempt, self.attempts = attempt, attempts
+        super().__init__(self._text())
+
+    @property
+    def signal(self) -> Optional[str]:
+        """The name of the signal that killed the rank, if one did."""
+        if self.exitcode is not None and self.exitcode < 0:
+            try:
+                return signal.Signals(-self.exitcode).name
+            except ValueError:
+                return str(-self.exitcode)
+        return None
+
+    def _hint(self) -> Optional[str]:
+        if self.signal == "SIGKILL":
+            return "SIGKILL often means the OOM killer; check the executor's memory"
+        return self.record.get("hint")
+
+    def _text(self) -> str:
+        what = f"{self.error_type}: {self.error_message}"
+        op = "job" if self.attempts == 1 else f"job attempt {self.attempt + 1}/{self.attempts}"
+        text = describe(what, op=op, rank=self.rank, size=self.size,
+                        address=f"host {self.host}" if self.host else None, hint=self._hint())
+        who = "the job" if self.rank is None else f"rank {self.rank}"
+        if self.remote_traceback:
+            text += f"\n--- traceback of {who} ---\n{self.remote_traceback.rstrip()}"
+        if self.output_tail:
+            text += f"\n--- last output of {who} ---\n{self.output_tail.rstrip()}"
+        return text
+
+    def original(self) -> Optional[BaseException]:
+        """The rank's own exception object, where it could be pickled and unpickled here."""
+        blob = self.record.get("exc_blob")
+        if not blob:
+            return None
+        try:
+            import cloudpickle
+
+            return cloudpickle.loads(base64.b64decode(blob))
+        except Exception:
+            return None
+
+
+# --------------------------------------------------------------------------- pickling
+
+def _captured(fn):
+    """(label, object) for what a function carries into a pickle."""
+    if isinstance(fn, functools.partial):
+        yield f"{_name(fn)}.func", fn.func
+        yield from ((f"argument {i} of the partial", a) for i, a in enumerate(fn.args))
+        yield from ((f"keyword {k!r} of the partial", v) for k, v in fn.keywords.items())
+        return
+    if hasattr(fn, "__self__") and hasattr(fn, "__func__"):
+        yield "the object of the bound method", fn.__self__
+        fn = fn.__func__
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        yield from ((f"attribute {k!r}", v) for k, v in getattr(fn, "__dict__", {}).items())
+        return
+    for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+        try:
+            yield f"closure variable {name!r}", cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+    for name in sorted(_global_names(code)):
+        if name in fn.__globals__:
+            yield f"global {name!r}", fn.__globals__[name]
+    yield from ((f"default of argument {i}", d) for i, d in enumerate(fn.__defaults__ or ()))
+    yield from ((f"default of {k!r}", d) for k, d in (fn.__kwdefaults__ or {}).items())
+
+
+def _global_names(code) -> set:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _global_names(const)
+    return names
+
+
+def _children(obj):
+    if callable(obj) and (hasattr(obj, "__code__") or isinstance(obj, functools.partial)):
+        yield from ((f" ({label})", sub) for label, sub in _captured(obj))
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        yield from ((f"[{i}]", sub) for i, sub in enumerate(obj))
+    elif isinstance(obj, dict):
+        yield from ((f"[{k!r}]", sub) for k, sub in obj.items())
+    elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+        yield from ((f".{k}", sub) for k, sub in vars(obj).items())
+
+
+def find_unpicklable(obj, label: str, depth: int = 0):
+    """(path, object, error) of the innermost part of `obj` cloudpickle refuses, or None."""
+    import cloudpickle
+
+    try:
+        cloudpickle.dumps(obj)
+        return None
+    except Exception as exc:
+        error = exc
+    if depth < 4:
+        for sub_label, sub in _children(obj):
+            found = find_unpicklable(sub, label + sub_label, depth + 1)
+            if found is not None:
+                return found
+    return label, obj, error
+
+
+def _name(fn) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def pickle_job(fn, args: Sequence = (), kwargs: Optional[Mapping] = None) -> bytes:
+    """cloudpickle of (fn, args, kwargs).
+
+    Raises:
+        TypeError: naming the captured object that cannot be pickled.
+    """
+    import cloudpickle
+
+    if not callable(fn):
+        raise TypeError(f"the training function must be callable, got {type(fn).__name__}")
+    args, kwargs = tuple(args), dict(kwargs or {})
+    try:
+        return cloudpickle.dumps((fn, args, kwargs))
+    except Exception as exc:
+        parts = [(_name(fn), fn)] + [(f"argument {i}", a) for i, a in enumerate(args)] + \
+                [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
+        for label, part in parts:
+            found = find_unpicklable(part, label)
+            if found is not None:
+                path, culprit, error = found
+                raise TypeError(
+                    f"cannot send {_name(fn)} to the ranks: {path} is a "
+                    f"{type(culprit).__module__}.{type(culprit).__qualname__}, which cannot be "
+                    f"pickled ({type(error).__name__}: {error}); create it inside the function, "
+                    f"or pass what it is made from as an argument") from exc
+        raise TypeError(f"cannot pickle {_name(fn)} and its arguments: "
+                        f"{type(exc).__name__}: {exc}") from exc
+
+
+# --------------------------------------------------------------------------- failures
+
+def _priority(record: dict) -> int:
+    if record.get("aborted"):
+        return 3
+    if record.get("error_type") in _COMM_ERRORS:
+        return 2
+    if record.get("error_type") in _DEATHS:
+        return 1
+    return 0
+
+
+def root_cause(records: list) -> dict:
+    """The record that explains the failure (see the module docstring)."""
+    seen, unique = set(), []
+    for rec in records:
+        if rec.get("rank") not in seen:
+            seen.add(rec.get("rank"))
+            unique.append(rec)
+    return min(enumerate(unique), key=lambda ir: (_priority(ir[1]), ir[0]))[1]
+
+
+def _spark_record(text: str, np_: int) -> dict:
+    """A record for a failure no rank reported: lost executor, result size, Spark itself."""
+    first = next((ln.strip() for ln in text.splitlines() if "Exception" in ln or "aborted" in ln),
+                 text.strip().splitlines()[0] if text.strip() else "unknown Spark failure")
+    rec = {"rank": None, "size": np_, "error_type": "SparkJobFailed", "message": first[:2000]}
+    if "maxResultSize" in text:
+        rec.update(error_type="ResultTooLarge", hint="the ranks' results together are over "
+                   "spark.driver.maxResultSize; return less (a path to a saved model) or raise it")
+    return rec
+
+
+def failure_of(server: Optional[LogServer], exc: BaseException, np_: int) -> dict:
+    text = str(exc)
+    markers = parse_failure_markers(text)
+    if server is not None:
+        server.wait(lambda: len(server.failures) >= np_ or
+                    any(_priority(r) == 0 for r in server.failures), GRACE)
+        records = list(server.failures) + markers
+    else:
+        records = markers
+    return root_cause(records) if records else _spark_record(text, np_)
+
+
+# --------------------------------------------------------------------------- running
+
+@dataclasses.dataclass(frozen=True)
+class JobOptions:
+    np: int
+    env: Tuple[Tuple[str, str], ...] = ()
+    stdout: object = None
+    stderr: object = None
+    show_output: bool = True
+    rank0_only: bool = False
+    start_timeout: float = 60.0
+    verbose: int = 1
+    max_restarts: int = 0
+    timestamps: bool = False
+    executable: Optional[str] = None
+
+    def say(self, level: int, msg: str) -> None:
+        if self.verbose >= level:
+            print(f"horovod_spark: {msg}", file=self.stderr or sys.stderr, flush=True)
+
+
+def _restarting(opts: JobOptions, attempt: int, exc: "JobFailedError") -> bool:
+    if attempt >= opts.max_restarts:
+        return False
+    opts.say(1, f"attempt {attempt + 1}/{opts.max_restarts + 1} failed "
+                f"({exc.error_type} on rank {exc.rank}); restarting every rank")
+    return True
+
+
+def run_on_driver(fn, args, kwargs, opts: JobOptions) -> list:
+    """-np ranks on this machine through collectives.launch; no Spark tasks."""
+    from collectives.launch import RankFailed, run_local
+
+    pickle_job(fn, args, kwargs)  # the same clear error as on Spark
+    size = -opts.np
+    for attempt in range(opts.max_restarts + 1):
+        try:
+            return run_local(fn, size, args=args, kwargs=kwargs, env=dict(opts.env),
+                             stdout=opts.stdout, stderr=opts.stderr)
+        except RankFailed as exc:
+            rec = {"rank": exc.rank, "size": size, "host": "localhost", "exitcode": exc.exitcode,
+                   "error_type": exc.error_type, "message": exc.message,
+                   "traceback": exc.remote_traceback, "tail": exc.output_tail.splitlines(),
+                   "exc_blob": base64.b64encode(exc.exc_blob or b"").decode()}
+            err = JobFailedError(rec, attempt, opts.max_restarts + 1)
+            if not _restarting(opts, attempt, err):
+                raise err from None
+    raise AssertionError("unreachable")
+
+
+def _checks_before_submit(sc, opts: JobOptions) -> int:
+    conf = sc.getConf()
+    _checks.check_dynamic_allocation(conf, sc.master)
+    _checks.check_gpus(conf, opts.np, warn=lambda m: opts.say(1, f"warning: {m}"))
+    _checks.wait_for_slots(sc, opts.np, opts.start_timeout)
+    return _checks.max_result_size(conf)
+
+
+def _log_server(sc, secret: bytes, job: str, opts: JobOptions) -> Optional[LogServer]:
+    sink = LineSink(opts.stdout, opts.stderr, opts.show_output, opts.timestamps)
+    host = sc.getConf().get("spark.driver.host", "127.0.0.1")
+    try:
+        return LogServer(host, secret, job, sink)
+    except OSError as exc:  # a broken log channel never fails a job
+        opts.say(1, f"warning: no live output: cannot listen on the driver address {host}: {exc}")
+        return None
+
+
+def run_on_spark(spark, fn, args, kwargs, opts: JobOptions) -> list:
+    """One barrier stage of opts.np tasks per attempt; every rank's value in rank order."""
+    sc = spark.sparkContext
+    limit = _checks_before_submit(sc, opts)
+    payload = pickle_job(fn, args, kwargs)
+    secret, job_id = os.urandom(32), f"hvs-{uuid.uuid4().hex[:12]}"
+    for attempt in range(opts.max_restarts + 1):
+        if attempt:
+            _checks.wait_for_slots(sc, opts.np, opts.start_timeout)
+        try:
+            return _attempt(sc, payload, secret, f"{job_id}/a{attempt}", limit, opts, attempt)
+        except JobFailedError as err:
+            if not _restarting(opts, attempt, err):
+                raise
+    raise AssertionError("unreachable")
+
+
+def _attempt(sc, payload: bytes, secret: bytes, job: str, limit: int, opts: JobOptions,
+             attempt: int) -> list:
+    from ._task import TaskSpec, run_task
+
+    server = _log_server(sc, secret, job, opts)
+    spec = TaskSpec(job=job, secret=secret, payload=payload,
+                    log_address=server.address if server else None, env=opts.env,
+                    show_output=opts.show_output, rank0_only=opts.rank0_only,
+                    result_limit=limit, executable=opts.executable)
+    tag = f"horovod-spark-{job.replace('/', '-')}"
+    opts.say(2, f"{job}: {opts.np} ranks on {sc.master}")
+    sc.addJobTag(tag)
+    ok = False
+    try:
+        rdd = sc.parallelize(range(opts.np), opts.np).barrier()
+        rows = rdd.mapPartitions(functools.partial(run_task, spec)).collect()
+        ok = True
+    except Exception as exc:  # py4j's Py4JJavaError and friends: Spark's account of the failure
+        record = failure_of(server, exc, opts.np)
+        raise JobFailedError(record, attempt, opts.max_restarts + 1) from None
+    finally:
+        _finish(sc, server, tag, ok, opts.np)
+    return _values(rows, opts)
+
+
+def _finish(sc, server: Optional[LogServer], tag: str, ok: bool, np_: int) -> None:
+    try:
+        if not ok:
+            sc.cancelJobsWithTag(tag)
+        sc.removeJobTag(tag)
+    finally:
+        if server is not None:
+            if ok:
+                server.wait_done(range(np_), DRAIN)
+            else:  # kill the ranks still running now, not when Spark gets to it
+                server.abort_all()
+                server.wait_disconnected(DRAIN)
+            server.close()
+
+
+def _values(rows, opts: JobOptions) -> list:
+    import cloudpickle
+
+    by_rank = dict(rows)
+    if sorted(by_rank) != list(range(opts.np)):
+        raise JobFailedError({"rank": None, "size": opts.np, "error_type": "SparkJobFailed",
+                              "message": f"results came back for ranks {sorted(by_rank)}"})
+    wanted = [0] if opts.rank0_only else range(opts.np)
+    return [cloudpickle.loads(by_rank[r])[1] for r in wanted]

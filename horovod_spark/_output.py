@@ -1,0 +1,320 @@
+"""The log channel: rank output and failure records from tasks to the driver.
+
+Terms.  A *task* is one barrier task on an executor; it owns one rank process
+and a *log client*.  The *log server* runs on the driver, bound to the
+driver's address.  A *frame* is a 4-byte big-endian length and a JSON object;
+nothing on this channel is ever a pickle.  Every connection runs the mutual
+HMAC handshake of `collectives._auth` (context "log") before its first frame
+is read, and then a `hello` frame naming the job and rank.
+
+Frames, task -> driver:
+    {"t": "hello", "job", "rank"}          once, first
+    {"t": "out", "s": "stdout"|"stderr"|"cb", "x": line}
+    {"t": "fail", "rec": failure record}  the rank failed (see `failure_marker`)
+    {"t": "done"}                          every line of this rank was sent
+driver -> task:
+    {"t": "abort"}                         the job failed: kill your rank now
+
+The channel is best effort by design: a client that cannot connect, or loses
+its connection, drops lines and counts them, and never raises into the task;
+the server never lets a bad peer or a failing output stream stop the job.
+Failures also travel in the task's exception text (`failure_marker`), so the
+driver names the failing rank even without this channel.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import queue
+import re
+import socket
+import struct
+import sys
+import threading
+import time
+from typing import Callable, Optional
+
+__all__ = ["LogServer", "LogClient", "LineSink", "log_to_driver", "failure_marker",
+           "parse_failure_markers", "CALLBACK_MARK"]
+
+MAX_FRAME = 1 << 20
+#: Prefix of a line a rank wrote with `log_to_driver`; the task strips it.
+CALLBACK_MARK = "\x1ehvs-log\x1e"
+_MARKER = "HVS-FAILURE:"
+_MARKER_RE = re.compile(re.escape(_MARKER) + r"([A-Za-z0-9+/=]+)")
+
+
+def log_to_driver(message: str) -> None:
+    """Show `message` in the driver's output, whatever `driver_log_verbosity` says.
+
+    Call it in the training function (Databricks' `sparkdl.horovod.log_to_driver`).
+    """
+    if os.environ.get("HVS_LOG_CALLBACK") == "1":
+        message = "\n".join(CALLBACK_MARK + part for part in str(message).split("\n"))
+    print(message, flush=True)
+
+
+def failure_marker(record: dict) -> str:
+    """One line that carries a failure record through Spark's exception text."""
+    blob = json.dumps(record, separators=(",", ":")).encode()
+    return _MARKER + base64.b64encode(blob).decode()
+
+
+def parse_failure_markers(text: str) -> list:
+    """Every failure record found in `text` (a Spark exception message), in order."""
+    out = []
+    for m in _MARKER_RE.finditer(text or ""):
+        try:
+            out.append(json.loads(base64.b64decode(m.group(1))))
+        except ValueError:
+            continue
+    return out
+
+
+def send_frame(sock: socket.socket, obj: dict) -> None:
+    data = json.dumps(obj, separators=(",", ":")).encode()
+    sock.sendall(struct.pack(">I", len(data)) + data)
+
+
+def recv_frame(sock: socket.socket) -> Optional[dict]:
+    """The next frame, or None at a clean EOF; ValueError for a bad frame."""
+    from collectives._auth import recv_exact
+
+    try:
+        head = recv_exact(sock, 4)
+    except ConnectionError:
+        return None
+    (n,) = struct.unpack(">I", head)
+    if n > MAX_FRAME:
+        raise ValueError(f"log frame of {n} bytes is over the {MAX_FRAME} byte limit")
+    obj = json.loads(recv_exact(sock, n))
+    if not isinstance(obj, dict):
+        raise ValueError("log frame is not a JSON object")
+    return obj
+
+
+class LineSink:
+    """Writes rank lines Horovod's way, `[1]<stdout>:text`, to the driver's streams.
+
+    The streams are looked up at each write, so a notebook's `sys.stdout` (which
+    the kernel swaps per cell) receives the lines of the cell that runs the job.
+    """
+
+    def __init__(self, stdout=None, stderr=None, show_output: bool = True,
+                 timestamps: bool = False) -> None:
+        self._stdout, self._stderr = stdout, stderr
+        self.show_output, self.timestamps = show_output, timestamps
+        self._lock = threading.Lock()
+
+    def write(self, rank: int, stream: str, text: str) -> None:
+        if stream != "cb" and not self.show_output:
+            return
+        label = "stderr" if stream == "stderr" else "stdout"
+        target = (self._stderr or sys.stderr) if label == "stderr" else (self._stdout or sys.stdout)
+        stamp = time.strftime("%a %b %d %H:%M:%S %Y") + ":" if self.timestamps else ""
+        try:  # a failing output stream never fails the job
+            with self._lock:
+                target.write(f"{stamp}[{rank}]<{label}>:{text}\n")
+                target.flush()
+        except Exception:
+            pass
+
+
+class LogServer:
+    """Driver side of the log channel for one job attempt."""
+
+    def __init__(self, bind: str, secret: bytes, job: str, sink: LineSink,
+                 handshake_timeout: float = 10.0) -> None:
+        self._secret, self.job, self.sink = secret, job, sink
+        self._timeout = handshake_timeout
+        self._listener = socket.create_server((bind, 0), backlog=256)
+        host, port = self._listener.getsockname()[:2]
+        self.address = f"{host}:{port}"
+        self._cond = threading.Condition()
+        self._conns: dict = {}
+        self.failures: list = []   # failure records, in order of arrival
+        self.done: set = set()     # ranks whose every line arrived
+        self.rejected = 0          # connections that failed the handshake or the hello
+        self._closed = False
+        threading.Thread(target=self._accept_loop, name="hvs-log-accept", daemon=True).start()
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), name="hvs-log", daemon=True).start()
+
+    def _hello(self, conn: socket.socket) -> Optional[int]:
+        from collectives._auth import server_handshake
+        from collectives.errors import AuthenticationError
+
+        try:
+            server_handshake(conn, self._secret, "log", self._timeout)
+            conn.settimeout(self._timeout)
+            hello = recv_frame(conn)
+            conn.settimeout(None)
+        except (AuthenticationError, OSError, ValueError):
+            hello = None
+        if not hello or hello.get("t") != "hello" or hello.get("job") != self.job:
+            with self._cond:
+                self.rejected += 1
+            return None
+        return int(hello.get("rank", -1))
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            rank = self._hello(conn)
+            if rank is None:
+                return
+            with self._cond:
+                self._conns[rank] = conn
+            try:
+                while self._handle(rank, recv_frame(conn)):
+                    pass
+            except (OSError, ValueError):
+                pass
+            finally:
+                with self._cond:
+                    self._conns.pop(rank, None)
+                    self._cond.notify_all()
+
+    def _handle(self, rank: int, frame: Optional[dict]) -> bool:
+        if frame is None:
+            return False
+        kind = frame.get("t")
+        if kind == "out":
+            self.sink.write(rank, str(frame.get("s")), str(frame.get("x")))
+        elif kind == "fail" and isinstance(frame.get("rec"), dict):
+            with self._cond:
+                self.failures.append(frame["rec"])
+                self._cond.notify_all()
+        elif kind == "done":
+            with self._cond:
+                self.done.add(rank)
+                self._cond.notify_all()
+        return True
+
+    def wait(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(predicate, timeout)
+
+    def wait_done(self, ranks, timeout: float) -> bool:
+        """Wait until every rank in `ranks` sent its last line (or the timeout)."""
+        want = set(ranks)
+        return self.wait(lambda: want <= self.done, timeout)
+
+    def wait_disconnected(self, timeout: float) -> bool:
+        return self.wait(lambda: not self._conns, timeout)
+
+    def abort_all(self) -> None:
+        """Ask every connected task to kill its rank now (best effort)."""
+        with self._cond:
+            conns = list(self._conns.values())
+        for conn in conns:
+            try:
+                send_frame(conn, {"t": "abort"})
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self._closed = True
+        try:
+            self._listener.close()
+        except OSError:
+            pass
+        with self._cond:
+            conns = list(self._conns.values())
+        for conn in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+class LogClient:
+    """Task side of the log channel.  Never raises; drops lines when it must."""
+
+    def __init__(self, address: Optional[str], secret: bytes, job: str, rank: int,
+                 on_abort: Optional[Callable[[], None]] = None, connect_timeout: float = 5.0,
+                 max_queued: int = 10000) -> None:
+        self.address, self.rank = address, rank
+        self._secret, self._job, self._on_abort = secret, job, on_abort
+        self._connect_timeout = connect_timeout
+        self._q: queue.Queue = queue.Queue(maxsize=max_queued)
+        self._sock: Optional[socket.socket] = None
+        self.broken = address is None
+        self.dropped = 0
+        self._sender = threading.Thread(target=self._send_loop, name="hvs-log-send", daemon=True)
+        self._sender.start()
+
+    def _connect(self) -> socket.socket:
+        from collectives._auth import client_handshake
+
+        host, port = self.address.rsplit(":", 1)
+        sock = socket.create_connection((host, int(port)), timeout=self._connect_timeout)
+        client_handshake(sock, self._secret, "log", self._connect_timeout)
+        sock.settimeout(None)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        send_frame(sock, {"t": "hello", "job": self._job, "rank": self.rank})
+        return sock
+
+    def _send_loop(self) -> None:
+        if not self.broken:
+            try:
+                self._sock = self._connect()
+                threading.Thread(target=self._recv_loop, args=(self._sock,),
+                                 name="hvs-log-recv", daemon=True).start()
+            except Exception:
+                self.broken = True
+        while True:
+            frame = self._q.get()
+            if frame is None:
+                return
+            if self.broken:
+                self.dropped += frame.get("t") == "out"
+                continue
+            try:
+                send_frame(self._sock, frame)
+            except OSError:
+                self.broken = True
+                self.dropped += 1
+
+    def _recv_loop(self, sock: socket.socket) -> None:
+        try:
+            while True:
+                frame = recv_frame(sock)
+                if frame is None:
+                    return
+                if frame.get("t") == "abort" and self._on_abort is not None:
+                    self._on_abort()
+        except Exception:
+            return
+
+    def _put(self, frame: dict, block: bool) -> None:
+        try:
+            self._q.put(frame, block=block, timeout=1.0 if block else None)
+        except queue.Full:
+            self.dropped += 1
+
+    def line(self, stream: str, text: str) -> None:
+        self._put({"t": "out", "s": stream, "x": text}, block=False)
+
+    def failure(self, record: dict) -> None:
+        self._put({"t": "fail", "rec": record}, block=True)
+
+    def close(self, timeout: float = 3.0) -> None:
+        """Send what is queued (up to `timeout`), say done, and hang up."""
+        self._put({"t": "done"}, block=True)
+        try:
+            self._q.put(None, timeout=timeout)
+        except queue.Full:
+            pass
+        self._sender.join(timeout)
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass

@@ -1,0 +1,276 @@
+"""The barrier task body: one task runs one rank in a child process.
+
+Terms.  The *task* is the PySpark worker running `run_task` for one partition;
+its partition id is the *rank*.  The *child* is the rank process
+(`python -m collectives.worker`) the task starts: crash isolation, a clean
+CUDA context, and its own process group.  The *local store* is a TCP store
+server the task hosts on 127.0.0.1 for its child only; the task puts the
+pickled function in it, relays the child's publications through the Spark
+Store (one `allGather` round each, on a *relay thread* so the task keeps
+watching its child), and reads the child's result from it.
+
+Placement comes from `BarrierTaskContext.getTaskInfos()`: a rank's host is the
+host part of its task's address; local rank is its order among the ranks on
+that host.  `CUDA_VISIBLE_DEVICES` is the task's GPU addresses from
+`TaskContext.resources()`.
+
+The child dies with the task: PR_SET_PDEATHSIG (Spark SIGKILLs the worker of
+a killed task), the driver's abort frame on the log channel, and a SIGKILL of
+the child's process group in `finally`.  A failure leaves the task as a
+`RankFailure` whose text carries a failure record (`_output.failure_marker`),
+and the same record goes to the driver on the log channel first.
+"""
+from __future__ import annotations
+
+import base64
+import collections
+import ctypes
+import dataclasses
+import os
+import pickletools
+import queue
+import signal
+import subprocess
+import sys
+import sysconfig
+import threading
+import time
+from typing import Iterator, Mapping, Optional, Tuple
+
+from ._output import CALLBACK_MARK, LogClient, failure_marker
+
+__all__ = ["TaskSpec", "run_task", "RankFailure"]
+
+TAIL = 20
+_COMM_ERRORS = ("PeerLostError", "CollectiveTimeout")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """What every task of one job attempt needs; pickled into the barrier stage."""
+    job: str                      # key prefix of this job and attempt
+    secret: bytes                 # the per-job secret (32 bytes)
+    payload: bytes                # cloudpickle of (fn, args, kwargs)
+    log_address: Optional[str]    # host:port of the driver's log server
+    env: Tuple[Tuple[str, str], ...] = ()
+    show_output: bool = True      # forward every line, not only log_to_driver's
+    rank0_only: bool = False      # only rank 0 returns its value (HorovodRunner)
+    result_limit: int = 0         # spark.driver.maxResultSize in bytes; 0: none
+    executable: Optional[str] = None
+
+
+class RankFailure(RuntimeError):
+    """The task's rank failed; the text ends with a machine-readable failure record."""
+
+
+try:
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork, not in the child
+except (OSError, AttributeError):  # not Linux: the abort frame and `finally` remain
+    _PRCTL = None
+
+
+def _die_with_parent() -> None:
+    _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the child dies with this task
+
+
+def placement(ctx, spec: TaskSpec, store_addr: str):
+    """This task's RankEnv, from the addresses of every task of the stage."""
+    from collectives.launch import rank_envs
+
+    hosts = [info.address.rsplit(":", 1)[0] for info in ctx.getTaskInfos()]
+    rank = ctx.partitionId()
+    renv = rank_envs(len(hosts), store_addr, spec.secret, spec.job, hosts)[rank]
+    return dataclasses.replace(renv, bind_addr=hosts[rank])
+
+
+def _python_path() -> str:
+    """This worker's sys.path minus the interpreter's own dirs, so the child imports alike."""
+    own = {os.path.realpath(p) for p in sysconfig.get_paths().values()}
+    keep = [p for p in sys.path if p and os.path.exists(p) and os.path.realpath(p) not in own]
+    return os.pathsep.join(dict.fromkeys(keep))
+
+
+def child_env(spec: TaskSpec, renv, gpus) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON_WORKER_FACTORY")}
+    env.update(dict(spec.env))
+    env.update(renv.to_environ())
+    env["PYTHONPATH"] = _python_path()
+    env["PYTHONUNBUFFERED"] = "1"
+    env["HVS_LOG_CALLBACK"] = "1"
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus.addresses)
+    return env
+
+
+def _status(blob: bytes) -> Optional[str]:
+    """"ok" or "error": the first string of a pickled result record, read without unpickling."""
+    try:
+        for opcode, arg, _ in pickletools.genops(blob):
+            if isinstance(arg, str) and "UNICODE" in opcode.name:
+                return arg
+    except Exception:
+        return None
+    return None
+
+
+class RankProcess:
+    """The child of one task, from start to its result or its failure record."""
+
+    def __init__(self, spec: TaskSpec, ctx) -> None:
+        from collectives.store import TCPStore
+
+        from ._spark_store import SparkStore
+
+        self.spec, self.ctx, self.rank = spec, ctx, ctx.partitionId()
+        self.size = len(ctx.getTaskInfos())
+        self.aborted = False
+        self.tail: collections.deque = collections.deque(maxlen=TAIL)
+        self._relay_q: queue.Queue = queue.Queue()
+        self._relay_error: list = []
+        self.server = TCPStore.serve("127.0.0.1", spec.secret, on_set=self._on_set)
+        self.store = SparkStore(ctx.allGather, self.rank, spec.job, local=self.server)
+        self.renv = placement(ctx, spec, self.server.address)
+        self.log = LogClient(spec.log_address, spec.secret, spec.job, self.rank, on_abort=self.abort)
+        self.child: Optional[subprocess.Popen] = None
+        self._pumps: list = []
+
+    def _on_set(self, key: str, value: bytes) -> None:
+        if self.store.is_own_publication(key):
+            self._relay_q.put((key, value))
+
+    def _relay(self) -> None:
+        while True:
+            item = self._relay_q.get()
+            if item is None:
+                return
+            try:
+                self.store.publish(*item)
+            except Exception as exc:
+                self._relay_error.append(exc)
+                return
+
+    def start(self) -> None:
+        self.server.set(f"{self.spec.job}/fn", self.spec.payload)
+        gpus = self.ctx.resources().get("gpu")
+        cmd = [self.spec.executable or sys.executable, "-m", "collectives.worker"]
+        self.child = subprocess.Popen(cmd, env=child_env(self.spec, self.renv, gpus),
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, start_new_session=True,
+                                      preexec_fn=_die_with_parent if _PRCTL else None)
+        for pipe, stream in ((self.child.stdout, "stdout"), (self.child.stderr, "stderr")):
+            t = threading.Thread(target=self._pump, args=(pipe, stream), daemon=True)
+            t.start()
+            self._pumps.append(t)
+        threading.Thread(target=self._relay, name="hvs-relay", daemon=True).start()
+
+    def _pump(self, pipe, stream: str) -> None:
+        for raw in iter(pipe.readline, b""):
+            text = raw.decode("utf-8", "replace").rstrip("\n")
+            kind = stream
+            if text.startswith(CALLBACK_MARK):
+                text, kind = text[len(CALLBACK_MARK):], "cb"
+            self.tail.append(f"[{self.rank}]<{stream}>:{text}")
+            if kind == "cb" or self.spec.show_output:
+                self.log.line(kind, text)
+            if self.log.broken:  # keep the line in the executor's log at least
+                print(f"[{self.rank}]<{stream}>:{text}", file=sys.stderr, flush=True)
+        pipe.close()
+
+    def abort(self) -> None:
+        """The driver says the job failed elsewhere: kill the child now."""
+        self.aborted = True
+        self.kill()
+
+    def kill(self) -> None:
+        if self.child is None:
+            return
+        try:
+            os.killpg(self.child.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def wait(self) -> int:
+        """Wait for the child; a relay failure kills it."""
+        while True:
+            try:
+                rc = self.child.wait(timeout=0.05)
+                break
+            except subprocess.TimeoutExpired:
+                if self._relay_error:
+                    self.kill()
+        for t in self._pumps:
+            t.join(timeout=2.0)
+        return rc
+
+    def outcome(self, rc: int) -> Optional[bytes]:
+        """The pickled ("ok", value) record, or raise RankFailure."""
+        key = f"{self.spec.job}/result/{self.rank}"
+        blob = self.server.get(key) if self.server.check(key) else None
+        if blob is not None and _status(blob) == "ok" and not self._relay_error:
+            from ._checks import check_result_size
+
+            if self.spec.rank0_only and self.rank != 0:
+                return None
+            try:
+                check_result_size(len(blob), self.spec.result_limit, self.rank)
+            except ValueError as exc:
+                self._fail(self._record(rc, None, ("ResultTooLarge", str(exc), "")))
+            return blob
+        self._fail(self._record(rc, blob, None))
+
+    def _record(self, rc: int, blob: Optional[bytes], own: Optional[tuple]) -> dict:
+        exc_blob = b""
+        if own is not None:
+            etype, message, tb = own
+        elif blob is not None and _status(blob) == "error":
+            import cloudpickle  # from our own authenticated child
+
+            rec = cloudpickle.loads(blob)
+            etype, message, tb = rec[1], rec[2], rec[3]
+            exc_blob = rec[4] if len(rec) > 4 else b""
+        elif self._relay_error:
+            err = self._relay_error[0]
+            etype, message, tb = type(err).__name__, f"bootstrap relay failed: {err}", ""
+        elif rc < 0:
+            name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else -rc
+            etype, message, tb = "ProcessDied", f"the rank process was killed by signal {name}", ""
+        else:
+            etype, message, tb = ("ProcessExited", f"the rank process exited with status {rc} "
+                                  f"without returning a result", "")
+        return {"rank": self.rank, "size": self.size, "host": self.renv.host, "exitcode": rc,
+                "error_type": etype, "message": message, "traceback": tb,
+                "tail": list(self.tail), "aborted": self.aborted, "time": time.time(),
+                "exc_blob": base64.b64encode(exc_blob).decode()}
+
+    def _fail(self, record: dict) -> None:
+        self.log.failure(record)
+        short = {k: v for k, v in record.items() if k != "exc_blob"}
+        text = f"rank {self.rank}/{self.size} failed: {record['error_type']}: {record['message']}"
+        if record["traceback"]:
+            text += "\n" + record["traceback"].rstrip()
+        raise RankFailure(text + "\n" + failure_marker(short))
+
+    def cleanup(self) -> None:
+        self._relay_q.put(None)
+        self.kill()
+        if self.child is not None:
+            try:
+                self.child.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                pass
+        self.server.close()
+        self.log.close()
+
+
+def run_task(spec: TaskSpec, _partition: Iterator) -> Iterator[Tuple[int, Optional[bytes]]]:
+    """The mapPartitions body of the barrier stage: yields (rank, pickled result or None)."""
+    from pyspark import BarrierTaskContext
+
+    proc = RankProcess(spec, BarrierTaskContext.get())
+    try:
+        proc.start()
+        result = proc.outcome(proc.wait())
+    finally:
+        proc.cleanup()
+    yield proc.rank, result
+

@@ -1,0 +1,105 @@
+"""The two ways to launch: Databricks' HorovodRunner and horovod.spark.run.
+
+    HorovodRunner(np=4).run(train, epochs=3)      # rank 0's return value
+    horovod_spark.run(train, args=(3,), num_proc=4)  # every rank's value, in rank order
+
+np > 0 runs one barrier stage of np Spark tasks, one rank each; np < 0 runs
+-np ranks on the driver machine with no Spark tasks (for debugging).  With no
+active SparkSession an embedded local one is started (see `_session`).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from . import _checks
+from ._driver import JobFailedError, JobOptions, run_on_driver, run_on_spark
+from ._session import get_session
+
+__all__ = ["HorovodRunner", "run", "JobFailedError"]
+
+_VERBOSITY = ("all", "log_callback_only")
+DEFAULT_START_TIMEOUT = 600.0  # Horovod's; only spent when executors are still coming up
+
+
+def _start_timeout(value: Optional[float]) -> float:
+    if value is None:  # Horovod's variable, read here at the edge
+        value = float(os.environ.get("HOROVOD_SPARK_START_TIMEOUT", DEFAULT_START_TIMEOUT))
+    if value <= 0:
+        raise ValueError(f"start_timeout must be > 0 seconds, got {value!r}")
+    return float(value)
+
+
+def _env_items(env: Optional[Mapping[str, str]]):
+    if env is not None and not isinstance(env, Mapping):
+        raise TypeError(f"env must be a mapping of variable names to values, got {type(env).__name__}")
+    return tuple((str(k), str(v)) for k, v in (env or {}).items())
+
+
+def _launch(fn, args, kwargs, opts: JobOptions) -> list:
+    if opts.np < 0:
+        return run_on_driver(fn, args, kwargs, opts)
+    return run_on_spark(get_session(opts.np), fn, args, kwargs, opts)
+
+
+class HorovodRunner:
+    """Runs a training function as `np` ranks, as Databricks' HorovodRunner does.
+
+    Args:
+        np: ranks to run: np > 0 as Spark barrier tasks; np < 0 as -np processes on the
+            driver, without Spark tasks (for debugging).
+        driver_log_verbosity: "log_callback_only" (Databricks' default) shows only what
+            the ranks send with `horovod_spark.log_to_driver`; "all" streams every line of
+            every rank's stdout and stderr, prefixed `[rank]<stdout>:`.
+    """
+
+    def __init__(self, np: int, driver_log_verbosity: str = "log_callback_only") -> None:
+        self.num_processor = _checks.check_np(np)
+        if driver_log_verbosity not in _VERBOSITY:
+            raise ValueError(f"driver_log_verbosity must be 'all' or 'log_callback_only', "
+                             f"got {driver_log_verbosity!r}")
+        self.driver_log_verbosity = driver_log_verbosity
+
+    def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
+        """Run main(**kwargs) as every rank; returns rank 0's value.
+
+        Raises:
+            JobFailedError: naming the first failing rank, its error and traceback.
+        """
+        np_ = self.num_processor
+        opts = JobOptions(np=np_, show_output=np_ < 0 or self.driver_log_verbosity == "all",
+                          rank0_only=True, start_timeout=_start_timeout(None))
+        return _launch(main, (), kwargs, opts)[0]
+
+
+def run(fn: Callable[..., Any], args: Sequence = (), kwargs: Optional[Mapping[str, Any]] = None,
+        num_proc: Optional[int] = None, start_timeout: Optional[float] = None,
+        use_mpi: Optional[bool] = None, use_gloo: Optional[bool] = None,
+        extra_mpi_args: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
+        stdout=None, stderr=None, verbose: int = 1, nics=None,
+        prefix_output_with_timestamp: bool = False, executable: Optional[str] = None,
+        max_restarts: int = 0) -> list:
+    """Run fn(*args, **kwargs) as num_proc ranks; returns every rank's value in rank order.
+
+    Compatible with `horovod.spark.run`.  `num_proc` defaults to Spark's default
+    parallelism; a negative one runs -num_proc ranks on the driver.  `env` is added to
+    each executor's environment; rank output goes to `stdout` / `stderr` (default: the
+    driver's).  `use_gloo` and `nics` are accepted and ignored (the native backend binds
+    to each task's address).  `max_restarts` reruns every rank after a failure.
+
+    Raises:
+        JobFailedError: naming the first failing rank, its error and traceback.
+        ValueError: for a cluster that cannot run the job (what to change is in the text).
+    """
+    if use_mpi or extra_mpi_args:
+        raise ValueError("use_mpi / extra_mpi_args: Spark ranks use the native backend (shared "
+                         "memory + TCP) or NCCL, not MPI; for MPI run `horovod-spark run --mpi`")
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
+    if num_proc is None:
+        num_proc = get_session().sparkContext.defaultParallelism
+    opts = JobOptions(np=_checks.check_np(num_proc), env=_env_items(env), stdout=stdout,
+                      stderr=stderr, show_output=True, start_timeout=_start_timeout(start_timeout),
+                      verbose=int(verbose), max_restarts=max_restarts,
+                      timestamps=bool(prefix_output_with_timestamp), executable=executable)
+    return _launch(fn, tuple(args), dict(kwargs or {}), opts)
