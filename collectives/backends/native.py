@@ -1,0 +1,153 @@
+"""The native CPU backend: shared memory within a host, TCP across hosts.
+
+A thin layer over `collectives._native` (C++, native/): this file only wires
+the mesh, the store and the config into a native Context and maps the
+Backend methods onto it.  The GIL is released inside every native call.
+
+Shared memory: local rank 0 creates a segment under a fresh random name and
+publishes the name through the store; the other local ranks attach; the name
+is unlinked as soon as all are attached (by the last to attach, and by the
+creator in any case), so a crash never leaves a segment in /dev/shm.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from typing import Optional, Sequence
+
+from .. import _native
+from ..errors import CollectiveTimeout, PeerLostError, describe
+from ..types import DType, ReduceOp
+from .base import Backend
+
+__all__ = ["NativeBackend", "TUNING"]
+
+#: Chunk sizes of the native algorithms (bytes); benchmarks may override them.
+TUNING = {
+    "shm_chunk": 256 * 1024,    # one shared-memory step: fits L2 with the data it touches
+    "small_bytes": 64 * 1024,   # allreduce up to here in one step, every rank reducing all
+    "tcp_chunk": 256 * 1024,    # one ring item
+    "spin_us": 50,              # spin before yielding, when every local rank has a core
+}
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+class NativeBackend(Backend):
+    name = "native"
+
+    def __init__(self, mesh, store, config, prefix: str, tuning: Optional[dict] = None) -> None:
+        super().__init__(mesh.topology)
+        self._ctx = None
+        self._mesh = mesh
+        self._config = config
+        self._seq = 0
+        tune = {**TUNING, **(tuning or {})}
+        topo = mesh.topology
+        order = topo.host_order
+        opts = _native.ContextOptions()
+        opts.rank, opts.size = topo.rank, topo.size
+        opts.hosts = [order.index(h) for h in topo.hosts]
+        opts.pids = [int(p) for p in mesh.pids]
+        opts.timeout_s = float(config.timeout)
+        opts.spin_ns = int(tune["spin_us"] * 1000) if topo.local_size <= _cores() else 2000
+        opts.shm_chunk = int(tune["shm_chunk"])
+        opts.small_bytes = int(tune["small_bytes"])
+        opts.tcp_chunk = int(tune["tcp_chunk"])
+        fds = [-1] * topo.size
+        for peer, sock in mesh.socks.items():
+            sock.setblocking(False)
+            fds[peer] = sock.fileno()
+        segment = self._shared_memory(store, prefix)
+        self._ctx = _native.Context(opts, fds, segment, list(mesh.addresses))
+
+    def _shared_memory(self, store, prefix: str):
+        topo, config = self.topology, self._config
+        if topo.local_size == 1:
+            return None
+        local = topo.local_ranks
+        key = f"{prefix}/native/shm/{local[0]}"
+        if topo.local_rank != 0:
+            name = store.get(key, config.connect_timeout).decode()
+            return _native.ShmSegment.attach(name, len(local), config.shm_slot_bytes, topo.rank)
+        name = f"/hvs-{os.getpid()}-{secrets.token_hex(8)}"
+        seg = _native.ShmSegment.create(name, len(local), config.shm_slot_bytes, topo.rank)
+        try:
+            store.set(key, name.encode())
+            self._wait_attached(seg, local)
+        finally:
+            seg.unlink()
+        return seg
+
+    def _wait_attached(self, seg, local: Sequence[int]) -> None:
+        deadline = time.monotonic() + self._config.connect_timeout
+        while seg.attached < len(local):
+            for r in local:
+                if not _alive(self._mesh.pids[r]):
+                    raise PeerLostError(self._msg("never attached to shared memory; its process is gone",
+                                                  "bootstrap", peer=r))
+            if time.monotonic() > deadline:
+                raise CollectiveTimeout(self._msg(
+                    f"only {seg.attached} of {len(local)} local ranks attached to shared memory",
+                    "bootstrap", timeout=self._config.connect_timeout))
+            time.sleep(0.001)
+
+    def _msg(self, what: str, op: str, **kw) -> str:
+        peer = kw.get("peer")
+        return describe(what, rank=self.rank, size=self.size, op=op,
+                        address=self._mesh.addresses[peer] if peer is not None else None, **kw)
+
+    def _next(self) -> int:
+        if self._ctx is None:
+            raise PeerLostError(self._msg("the native backend is closed", "collective"))
+        self._seq += 1
+        return self._seq
+
+    # -- collectives -------------------------------------------------------
+    def allreduce(self, src, dst, dtype: DType, op: ReduceOp) -> None:
+        seq = self._next()
+        self._ctx.allreduce(src, dst, int(dtype), int(op), seq)
+
+    def allgather(self, src, dst, dtype: DType, counts: Sequence[int]) -> None:
+        seq = self._next()
+        self._ctx.allgather(src, dst, int(dtype), [int(c) for c in counts], seq)
+
+    def broadcast(self, buf, dtype: DType, root: int) -> None:
+        seq = self._next()
+        self._ctx.broadcast(buf, int(dtype), int(root), seq)
+
+    def reducescatter(self, src, dst, dtype: DType, op: ReduceOp, counts: Sequence[int]) -> None:
+        seq = self._next()
+        self._ctx.reducescatter(src, dst, int(dtype), int(op), [int(c) for c in counts], seq)
+
+    def alltoall(self, src, send_counts: Sequence[int], dst, recv_counts: Sequence[int],
+                 dtype: DType) -> None:
+        seq = self._next()
+        self._ctx.alltoall(src, [int(c) for c in send_counts], dst, [int(c) for c in recv_counts],
+                           int(dtype), seq)
+
+    def barrier(self) -> None:
+        seq = self._next()
+        self._ctx.barrier(seq)
+
+    def close(self) -> None:
+        self._ctx = None
+        if self._mesh is not None:
+            self._mesh.close()
+            self._mesh = None

@@ -1,0 +1,255 @@
+// The Python module collectives._native.
+//
+// Buffers come in through the buffer protocol (numpy arrays, or torch CPU
+// tensors viewed as numpy by the front end); their pointers are taken with
+// the GIL held, then the GIL is released for the whole collective.  Every
+// native error becomes a Python exception in one place, raise_status, with
+// the message built by collectives.errors.describe().
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "context.h"
+#include "reduce.h"
+#include "shm/segment.h"
+
+namespace py = pybind11;
+using namespace py::literals;
+
+namespace hvs {
+namespace {
+
+struct Where {  // what an error message needs to know about this rank
+  int rank = -1, size = -1;
+  const std::vector<std::string>* addresses = nullptr;
+  double timeout = 0;
+};
+
+const char* exception_name(Code code) {
+  switch (code) {
+    case Code::kPeerLost: return "PeerLostError";
+    case Code::kTimeout: return "CollectiveTimeout";
+    case Code::kMismatch: return "MismatchError";
+    case Code::kNotSupported: return "NotSupported";
+    default: return "CollectiveError";
+  }
+}
+
+[[noreturn]] void raise_status(const Status& st, const Where& w, const char* op, long seq) {
+  py::module_ errors = py::module_::import("collectives.errors");
+  py::object none = py::none();
+  int peer = st.peer();
+  py::object address = none;
+  if (peer >= 0 && w.addresses && peer < static_cast<int>(w.addresses->size()))
+    address = py::str((*w.addresses)[peer]);
+  std::string msg = py::str(errors.attr("describe")(
+      st.what(), "rank"_a = w.rank >= 0 ? py::object(py::int_(w.rank)) : none,
+      "size"_a = w.size >= 0 ? py::object(py::int_(w.size)) : none, "op"_a = op,
+      "seq"_a = seq >= 0 ? py::object(py::int_(seq)) : none,
+      "peer"_a = peer >= 0 ? py::object(py::int_(peer)) : none, "address"_a = address,
+      "timeout"_a = st.code() == Code::kTimeout ? py::object(py::float_(w.timeout)) : none,
+      "hint"_a = st.hint().empty() ? none : py::object(py::str(st.hint()))));
+  std::string trail;
+  for (const std::string& t : st.trail()) trail += (trail.empty() ? "" : " < ") + t;
+  if (!trail.empty()) msg += " [native " + trail + "]";
+  py::object cls = st.code() == Code::kInvalid ? py::reinterpret_borrow<py::object>(PyExc_ValueError)
+                                               : errors.attr(exception_name(st.code()));
+  PyErr_SetString(cls.ptr(), msg.c_str());
+  throw py::error_already_set();
+}
+
+struct Buffer {
+  char* ptr;
+  size_t bytes;
+};
+
+Buffer buffer_of(const py::buffer& b, bool writable, const char* what) {
+  py::buffer_info info = b.request(writable);
+  py::ssize_t expect = info.itemsize;
+  for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
+    if (info.shape[d] != 1 && info.strides[d] != expect)
+      throw py::value_error(std::string(what) + " must be C-contiguous");
+    expect *= info.shape[d];
+  }
+  return Buffer{static_cast<char*>(info.ptr), static_cast<size_t>(info.size * info.itemsize)};
+}
+
+DType dtype_arg(int code) {
+  if (!valid_dtype(code)) throw py::value_error("unknown dtype code " + std::to_string(code));
+  return static_cast<DType>(code);
+}
+
+ReduceOp op_arg(int code) {
+  if (!valid_op(code)) throw py::value_error("unknown reduce op code " + std::to_string(code));
+  return static_cast<ReduceOp>(code);
+}
+
+size_t count_of(const Buffer& b, DType dt, const char* what) {
+  size_t elem = itemsize(dt);
+  if (b.bytes % elem) throw py::value_error(std::string(what) + " is not a whole number of " + dtype_name(dt));
+  return b.bytes / elem;
+}
+
+size_t sum(const std::vector<size_t>& v) {
+  size_t s = 0;
+  for (size_t x : v) s += x;
+  return s;
+}
+
+// Owns a Segment until a Context takes it.
+struct PySegment {
+  std::unique_ptr<Segment> seg;
+  Segment& get() {
+    if (!seg) throw py::value_error("the shared memory segment was handed to a communicator");
+    return *seg;
+  }
+};
+
+class PyContext {
+ public:
+  PyContext(ContextOptions opt, std::vector<int> fds, PySegment* seg, std::vector<std::string> addresses)
+      : addresses_(std::move(addresses)) {
+    if (static_cast<int>(opt.hosts.size()) != opt.size || static_cast<int>(opt.pids.size()) != opt.size)
+      throw py::value_error("hosts and pids need one entry per rank");
+    ctx_.reset(new Context(std::move(opt), std::move(fds), seg ? std::move(seg->seg) : nullptr));
+  }
+
+  template <typename F>
+  void run(const char* op, long seq, F f) {
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = ctx_->fail(f(*ctx_));
+    }
+    if (!st.ok()) {
+      const ContextOptions& o = ctx_->options();
+      raise_status(st, Where{o.rank, o.size, &addresses_, o.timeout_s}, op, seq);
+    }
+  }
+
+  std::unique_ptr<Context> ctx_;
+  std::vector<std::string> addresses_;
+};
+
+void check_counts(const std::vector<size_t>& counts, int size, const char* what) {
+  if (static_cast<int>(counts.size()) != size)
+    throw py::value_error(std::string(what) + " needs one count per rank");
+}
+
+void bind_context(py::module_& m) {
+  py::class_<ContextOptions>(m, "ContextOptions")
+      .def(py::init<>())
+      .def_readwrite("rank", &ContextOptions::rank)
+      .def_readwrite("size", &ContextOptions::size)
+      .def_readwrite("hosts", &ContextOptions::hosts)
+      .def_readwrite("pids", &ContextOptions::pids)
+      .def_readwrite("timeout_s", &ContextOptions::timeout_s)
+      .def_readwrite("spin_ns", &ContextOptions::spin_ns)
+      .def_readwrite("shm_chunk", &ContextOptions::shm_chunk)
+      .def_readwrite("small_bytes", &ContextOptions::small_bytes)
+      .def_readwrite("tcp_chunk", &ContextOptions::tcp_chunk);
+
+  py::class_<PyContext>(m, "Context")
+      .def(py::init<ContextOptions, std::vector<int>, PySegment*, std::vector<std::string>>(),
+           "options"_a, "fds"_a, "segment"_a, "addresses"_a)
+      .def_property_readonly("hierarchical", [](PyContext& c) { return c.ctx_->hierarchical(); })
+      .def("allreduce", [](PyContext& c, py::buffer src, py::buffer dst, int dtype, int op, long seq) {
+        DType dt = dtype_arg(dtype);
+        ReduceOp o = op_arg(op);
+        Buffer s = buffer_of(src, false, "src"), d = buffer_of(dst, true, "dst");
+        if (s.bytes != d.bytes) throw py::value_error("allreduce src and dst differ in size");
+        size_t n = count_of(d, dt, "dst");
+        c.run("allreduce", seq, [&](Context& x) { return x.allreduce(s.ptr, d.ptr, n, dt, o); });
+      }, "src"_a, "dst"_a, "dtype"_a, "op"_a, "seq"_a = -1)
+      .def("allgather", [](PyContext& c, py::buffer src, py::buffer dst, int dtype,
+                           std::vector<size_t> counts, long seq) {
+        DType dt = dtype_arg(dtype);
+        Buffer s = buffer_of(src, false, "src"), d = buffer_of(dst, true, "dst");
+        check_counts(counts, c.ctx_->options().size, "allgather");
+        if (count_of(s, dt, "src") != counts[c.ctx_->options().rank] || count_of(d, dt, "dst") != sum(counts))
+          throw py::value_error("allgather buffers do not match the counts");
+        c.run("allgather", seq, [&](Context& x) { return x.allgather(s.ptr, d.ptr, counts, dt); });
+      }, "src"_a, "dst"_a, "dtype"_a, "counts"_a, "seq"_a = -1)
+      .def("broadcast", [](PyContext& c, py::buffer buf, int dtype, int root, long seq) {
+        DType dt = dtype_arg(dtype);
+        Buffer b = buffer_of(buf, true, "buf");
+        size_t n = count_of(b, dt, "buf");
+        c.run("broadcast", seq, [&](Context& x) { return x.broadcast(b.ptr, n, dt, root); });
+      }, "buf"_a, "dtype"_a, "root"_a, "seq"_a = -1)
+      .def("reducescatter", [](PyContext& c, py::buffer src, py::buffer dst, int dtype, int op,
+                               std::vector<size_t> counts, long seq) {
+        DType dt = dtype_arg(dtype);
+        ReduceOp o = op_arg(op);
+        Buffer s = buffer_of(src, false, "src"), d = buffer_of(dst, true, "dst");
+        check_counts(counts, c.ctx_->options().size, "reducescatter");
+        if (count_of(s, dt, "src") != sum(counts) || count_of(d, dt, "dst") != counts[c.ctx_->options().rank])
+          throw py::value_error("reducescatter buffers do not match the counts");
+        c.run("reducescatter", seq, [&](Context& x) { return x.reducescatter(s.ptr, d.ptr, counts, dt, o); });
+      }, "src"_a, "dst"_a, "dtype"_a, "op"_a, "counts"_a, "seq"_a = -1)
+      .def("alltoall", [](PyContext& c, py::buffer src, std::vector<size_t> send_counts, py::buffer dst,
+                          std::vector<size_t> recv_counts, int dtype, long seq) {
+        DType dt = dtype_arg(dtype);
+        Buffer s = buffer_of(src, false, "src"), d = buffer_of(dst, true, "dst");
+        check_counts(send_counts, c.ctx_->options().size, "alltoall send");
+        check_counts(recv_counts, c.ctx_->options().size, "alltoall recv");
+        if (count_of(s, dt, "src") != sum(send_counts) || count_of(d, dt, "dst") != sum(recv_counts))
+          throw py::value_error("alltoall buffers do not match the counts");
+        c.run("alltoall", seq, [&](Context& x) { return x.alltoall(s.ptr, send_counts, d.ptr, recv_counts, dt); });
+      }, "src"_a, "send_counts"_a, "dst"_a, "recv_counts"_a, "dtype"_a, "seq"_a = -1)
+      .def("barrier", [](PyContext& c, long seq) {
+        c.run("barrier", seq, [&](Context& x) { return x.barrier(); });
+      }, "seq"_a = -1);
+}
+
+void bind_segment(py::module_& m) {
+  auto make = [](bool create, const std::string& name, int nranks, size_t slot_bytes, int rank) {
+    auto out = std::make_unique<PySegment>();
+    Status st = create ? Segment::create(name, nranks, slot_bytes, &out->seg)
+                       : Segment::attach(name, nranks, slot_bytes, &out->seg);
+    if (!st.ok()) raise_status(st, Where{rank, -1, nullptr, 0}, "shared memory setup", -1);
+    return out;
+  };
+  py::class_<PySegment>(m, "ShmSegment")
+      .def_static("create", [make](const std::string& name, int nranks, size_t slot_bytes, int rank) {
+        return make(true, name, nranks, slot_bytes, rank);
+      }, "name"_a, "nranks"_a, "slot_bytes"_a, "rank"_a = -1)
+      .def_static("attach", [make](const std::string& name, int nranks, size_t slot_bytes, int rank) {
+        return make(false, name, nranks, slot_bytes, rank);
+      }, "name"_a, "nranks"_a, "slot_bytes"_a, "rank"_a = -1)
+      .def("unlink", [](PySegment& s) { s.get().unlink(); })
+      .def_property_readonly("attached", [](PySegment& s) { return s.get().attached(); })
+      .def_property_readonly("name", [](PySegment& s) { return s.get().name(); });
+}
+
+void bind_kernels(py::module_& m) {
+  m.def("reduce", [](py::buffer out, py::buffer a, py::buffer b, int dtype, int op) {
+    DType dt = dtype_arg(dtype);
+    ReduceFn fn = reduce_fn(dt, op_arg(op));
+    if (!fn) throw py::value_error("unsupported op for this dtype");
+    Buffer o = buffer_of(out, true, "out"), x = buffer_of(a, false, "a"), y = buffer_of(b, false, "b");
+    if (o.bytes != x.bytes || o.bytes != y.bytes) throw py::value_error("sizes differ");
+    size_t n = count_of(o, dt, "out");
+    py::gil_scoped_release nogil;
+    fn(o.ptr, x.ptr, y.ptr, n);
+  }, "out"_a, "a"_a, "b"_a, "dtype"_a, "op"_a, "out = a op b elementwise (for tests).");
+  py::dict codes;
+  for (int d = 0; d < kNumDTypes; ++d)
+    codes[dtype_name(static_cast<DType>(d))] = py::make_tuple(d, itemsize(static_cast<DType>(d)));
+  m.attr("DTYPES") = codes;
+  py::dict ops;
+  for (int o = 0; o < kNumOps; ++o) ops[op_name(static_cast<ReduceOp>(o))] = o;
+  m.attr("OPS") = ops;
+}
+
+}  // namespace
+}  // namespace hvs
+
+PYBIND11_MODULE(_native, m) {
+  m.doc() = "Native CPU collectives of horovod-spark: shared memory within a host, TCP across hosts.";
+  hvs::bind_kernels(m);
+  hvs::bind_segment(m);
+  hvs::bind_context(m);
+}

@@ -1,0 +1,230 @@
+// Composition of shm and TCP collectives by topology; see context.h.
+#include "context.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "clock.h"
+
+namespace hvs {
+
+namespace {
+std::vector<size_t> byte_offsets(const std::vector<size_t>& counts, size_t elem) {
+  std::vector<size_t> off(counts.size() + 1, 0);
+  for (size_t i = 0; i < counts.size(); ++i) off[i + 1] = off[i] + counts[i] * elem;
+  return off;
+}
+
+int index_of(const std::vector<int>& v, int x) {
+  return static_cast<int>(std::find(v.begin(), v.end(), x) - v.begin());
+}
+
+bool is_member(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+}  // namespace
+
+Context::Context(ContextOptions opt, std::vector<int> fds, std::unique_ptr<Segment> seg)
+    : opt_(std::move(opt)) {
+  links_.resize(opt_.size);
+  for (int r = 0; r < opt_.size; ++r) {
+    links_[r] = Link{r < static_cast<int>(fds.size()) ? fds[r] : -1, r};
+    if (links_[r].fd >= 0) (void)make_nonblocking(links_[r].fd);
+  }
+  std::vector<int> seen_hosts;
+  for (int r = 0; r < opt_.size; ++r) {
+    if (opt_.hosts[r] == opt_.hosts[opt_.rank]) locals_.push_back(r);
+    if (std::find(seen_hosts.begin(), seen_hosts.end(), opt_.hosts[r]) == seen_hosts.end()) {
+      seen_hosts.push_back(opt_.hosts[r]);
+      leaders_.push_back(r);
+    }
+  }
+  if (leaders_.size() == 1) leaders_.clear();
+  if (seg && locals_.size() > 1) {
+    std::vector<pid_t> pids;
+    for (int r : locals_) pids.push_back(opt_.pids[r]);
+    WaitPolicy policy{opt_.spin_ns, seconds_to_ns(opt_.timeout_s)};
+    shm_.reset(new ShmGroup(std::move(seg), index_of(locals_, opt_.rank), locals_, std::move(pids),
+                            policy, opt_.shm_chunk));
+  }
+}
+
+Status Context::check_usable() const {
+  if (failed_ != Code::kOk)
+    return HVS_ERROR(failed_, "the communicator is unusable after an earlier error: " + failure_,
+                     failed_peer_);
+  if (locals_.size() > 1 && !shm_)
+    return HVS_ERROR(Code::kInvalid, "ranks share a host but no shared memory segment was given");
+  return Status();
+}
+
+Status Context::fail(Status st) {
+  if (!st.ok() && failed_ == Code::kOk && st.code() != Code::kInvalid && st.code() != Code::kNotSupported) {
+    failed_ = st.code();
+    failure_ = st.what();
+    failed_peer_ = st.peer();
+    if (shm_) shm_->abort();
+  }
+  return st;
+}
+
+TcpGroup Context::tcp_group(const std::vector<int>& members) {
+  return TcpGroup{members, index_of(members, opt_.rank), &links_, opt_.tcp_chunk,
+                  seconds_to_ns(opt_.timeout_s), &staging_};
+}
+
+Status Context::hier_allreduce(const void* src, void* dst, size_t count, size_t elem, ReduceFn fn) {
+  if (shm_)
+    HVS_CHECK(shm_allreduce(*shm_, src, dst, count, elem, fn, 0, opt_.small_bytes));
+  else if (dst != src)
+    std::memmove(dst, src, count * elem);
+  if (is_member(leaders_, opt_.rank)) {
+    TcpGroup g = tcp_group(leaders_);
+    HVS_CHECK(ring_allreduce(g, static_cast<char*>(dst), static_cast<char*>(dst), count, elem, fn));
+  }
+  if (shm_) HVS_CHECK(shm_broadcast(*shm_, {Span{static_cast<char*>(dst), count * elem}}, 0));
+  return Status();
+}
+
+Status Context::allreduce(const void* src, void* dst, size_t count, DType dt, ReduceOp op) {
+  HVS_CHECK(check_usable());
+  ReduceFn fn = reduce_fn(dt, op);
+  if (!fn)
+    return HVS_ERROR(Code::kNotSupported, std::string("reduce op ") + op_name(op) + " on " +
+                                              dtype_name(dt) + " is not supported natively");
+  const size_t elem = itemsize(dt);
+  if (count == 0) return Status();
+  if (opt_.size == 1) {
+    if (dst != src) std::memmove(dst, src, count * elem);
+    return Status();
+  }
+  if (leaders_.empty())
+    return shm_allreduce(*shm_, src, dst, count, elem, fn, -1, opt_.small_bytes);
+  HVS_CHECK(hier_allreduce(src, dst, count, elem, fn));
+  return Status();
+}
+
+Status Context::allgather(const void* src, void* dst, const std::vector<size_t>& counts, DType dt) {
+  HVS_CHECK(check_usable());
+  const size_t elem = itemsize(dt);
+  std::vector<size_t> off = byte_offsets(counts, elem);
+  char* out = static_cast<char*>(dst);
+  std::vector<char*> dsts;
+  std::vector<size_t> bytes;
+  for (int r : locals_) dsts.push_back(out + off[r]), bytes.push_back(counts[r] * elem);
+  if (shm_)
+    HVS_CHECK(shm_allgather(*shm_, src, dsts, bytes));
+  else if (out + off[opt_.rank] != src)
+    std::memmove(out + off[opt_.rank], src, counts[opt_.rank] * elem);
+  if (leaders_.empty()) return Status();
+  if (is_member(leaders_, opt_.rank)) {
+    std::vector<std::vector<Span>> regions(leaders_.size());  // one per host, in rank order
+    for (size_t h = 0; h < leaders_.size(); ++h)
+      for (int r = 0; r < opt_.size; ++r)
+        if (opt_.hosts[r] == opt_.hosts[leaders_[h]]) regions[h].push_back(Span{out + off[r], counts[r] * elem});
+    TcpGroup g = tcp_group(leaders_);
+    HVS_CHECK(ring_allgather(g, regions));
+  }
+  if (shm_) {
+    std::vector<Span> remote;
+    for (int r = 0; r < opt_.size; ++r)
+      if (opt_.hosts[r] != opt_.hosts[opt_.rank]) remote.push_back(Span{out + off[r], counts[r] * elem});
+    HVS_CHECK(shm_broadcast(*shm_, remote, 0));
+  }
+  return Status();
+}
+
+Status Context::broadcast(void* buf, size_t count, DType dt, int root) {
+  HVS_CHECK(check_usable());
+  if (root < 0 || root >= opt_.size)
+    return HVS_ERROR(Code::kInvalid, "broadcast root " + std::to_string(root) + " is outside the world");
+  Span all{static_cast<char*>(buf), count * itemsize(dt)};
+  const int root_host = opt_.hosts[root];
+  if (!leaders_.empty()) {
+    std::vector<int> chain{root};  // the root, then one rank of every other host
+    for (int l : leaders_)
+      if (opt_.hosts[l] != root_host) chain.push_back(l);
+    if (is_member(chain, opt_.rank)) {
+      TcpGroup g = tcp_group(chain);
+      HVS_CHECK(chain_broadcast(g, all.ptr, all.len));
+    }
+  }
+  if (shm_) {
+    int local_root = opt_.hosts[opt_.rank] == root_host ? index_of(locals_, root) : 0;
+    HVS_CHECK(shm_broadcast(*shm_, {all}, local_root));
+  }
+  return Status();
+}
+
+Status Context::reducescatter(const void* src, void* dst, const std::vector<size_t>& counts,
+                              DType dt, ReduceOp op) {
+  HVS_CHECK(check_usable());
+  ReduceFn fn = reduce_fn(dt, op);
+  if (!fn)
+    return HVS_ERROR(Code::kNotSupported, std::string("reduce op ") + op_name(op) + " on " +
+                                              dtype_name(dt) + " is not supported natively");
+  const size_t elem = itemsize(dt);
+  std::vector<size_t> off = byte_offsets(counts, elem);
+  const char* in = static_cast<const char*>(src);
+  if (leaders_.empty() && shm_) {
+    std::vector<size_t> elem_off(counts.size());
+    for (size_t i = 0; i < counts.size(); ++i) elem_off[i] = off[i] / elem;
+    return shm_reducescatter(*shm_, src, dst, elem_off, counts, elem, fn);
+  }
+  if (opt_.size == 1) {
+    std::memmove(dst, in, counts[0] * elem);
+    return Status();
+  }
+  if (static_cast<int>(leaders_.size()) == opt_.size) {  // one rank a host: a plain ring
+    std::vector<size_t> lens(counts.size());
+    for (size_t i = 0; i < counts.size(); ++i) lens[i] = counts[i] * elem;
+    std::vector<char> tmp(opt_.size > 2 ? off.back() : 0);
+    TcpGroup g = tcp_group(leaders_);
+    return ring_reducescatter(g, in, static_cast<char*>(dst), tmp.data(), off, lens, elem, fn);
+  }
+  // Mixed hosts: reduce everything, keep our block.  Costs a full-size temporary.
+  std::vector<char> tmp(off.back());
+  HVS_CHECK(hier_allreduce(src, tmp.data(), off.back() / elem, elem, fn));
+  std::memcpy(dst, tmp.data() + off[opt_.rank], counts[opt_.rank] * elem);
+  return Status();
+}
+
+Status Context::alltoall(const void* src, const std::vector<size_t>& send_counts, void* dst,
+                         const std::vector<size_t>& recv_counts, DType dt) {
+  HVS_CHECK(check_usable());
+  const size_t elem = itemsize(dt);
+  std::vector<size_t> soff = byte_offsets(send_counts, elem), roff = byte_offsets(recv_counts, elem);
+  char* in = const_cast<char*>(static_cast<const char*>(src));
+  char* out = static_cast<char*>(dst);
+  auto send_span = [&](int r) { return Span{in + soff[r], send_counts[r] * elem}; };
+  auto recv_span = [&](int r) { return Span{out + roff[r], recv_counts[r] * elem}; };
+  if (shm_) {
+    std::vector<Span> send, recv;
+    for (int r : locals_) send.push_back(send_span(r)), recv.push_back(recv_span(r));
+    HVS_CHECK(shm_alltoall(*shm_, send, recv));
+  } else {
+    std::memmove(recv_span(opt_.rank).ptr, send_span(opt_.rank).ptr, send_span(opt_.rank).len);
+  }
+  if (leaders_.empty()) return Status();
+  std::vector<Span> send(opt_.size, Span{nullptr, 0}), recv(opt_.size, Span{nullptr, 0});
+  for (int r = 0; r < opt_.size; ++r)
+    if (opt_.hosts[r] != opt_.hosts[opt_.rank]) send[r] = send_span(r), recv[r] = recv_span(r);
+  std::vector<int> everyone(opt_.size);
+  std::iota(everyone.begin(), everyone.end(), 0);
+  TcpGroup g = tcp_group(everyone);
+  HVS_CHECK(pairwise_alltoall(g, send, recv));
+  return Status();
+}
+
+Status Context::barrier() {
+  HVS_CHECK(check_usable());
+  if (shm_) HVS_CHECK(shm_barrier(*shm_));
+  if (leaders_.empty()) return Status();
+  if (is_member(leaders_, opt_.rank)) {
+    TcpGroup g = tcp_group(leaders_);
+    HVS_CHECK(tcp_barrier(g));
+  }
+  if (shm_) HVS_CHECK(shm_barrier(*shm_));
+  return Status();
+}
+
+}  // namespace hvs

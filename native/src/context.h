@@ -1,0 +1,80 @@
+// A communicator's native half: the topology, the shared segment of this
+// host and the TCP links, and the collectives composed from them.
+//
+// Composition (hierarchical):
+//   one host          shared memory only
+//   one rank a host   TCP only (also every rank under force_tcp)
+//   otherwise         shared memory within each host and TCP between one
+//                     rank per host (its leader: its lowest rank), e.g.
+//                     allreduce = shm reduce to the leader, ring allreduce
+//                     between leaders, shm broadcast from the leader.
+// After any failed op the context is broken: it marks itself aborted in the
+// segment (so local peers fail fast too) and refuses every later op with the
+// first error.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hvs/status.h"
+#include "hvs/types.h"
+#include "shm/collectives.h"
+#include "shm/group.h"
+#include "tcp/collectives.h"
+
+namespace hvs {
+
+struct ContextOptions {
+  int rank = 0;
+  int size = 1;
+  std::vector<int> hosts;  // host index of every world rank
+  std::vector<pid_t> pids;
+  double timeout_s = 30.0;
+  uint64_t spin_ns = 50000;
+  size_t shm_chunk = 256 * 1024;  // bytes per shm step buffer
+  size_t small_bytes = 64 * 1024;  // shm allreduce: one-step path up to here
+  size_t tcp_chunk = 256 * 1024;
+};
+
+class Context {
+ public:
+  // `fds[r]` is the socket to world rank r (-1 for self); `seg` is this
+  // host's segment, or null when this rank is alone on its host.
+  Context(ContextOptions opt, std::vector<int> fds, std::unique_ptr<Segment> seg);
+
+  Status allreduce(const void* src, void* dst, size_t count, DType dt, ReduceOp op);
+  Status allgather(const void* src, void* dst, const std::vector<size_t>& counts, DType dt);
+  Status broadcast(void* buf, size_t count, DType dt, int root);
+  Status reducescatter(const void* src, void* dst, const std::vector<size_t>& counts, DType dt,
+                       ReduceOp op);
+  Status alltoall(const void* src, const std::vector<size_t>& send_counts, void* dst,
+                  const std::vector<size_t>& recv_counts, DType dt);
+  Status barrier();
+
+  // Records a failure: later ops refuse, local peers are told.
+  Status fail(Status st);
+  const ContextOptions& options() const { return opt_; }
+  bool hierarchical() const { return shm_ && !leaders_.empty(); }
+
+ private:
+  Status check_usable() const;
+  TcpGroup tcp_group(const std::vector<int>& members);
+  Status hier_allreduce(const void* src, void* dst, size_t count, size_t elem, ReduceFn fn);
+
+  ContextOptions opt_;
+  std::vector<Link> links_;
+  std::vector<int> locals_;   // world ranks on this host, in order
+  std::vector<int> leaders_;  // lowest rank of each host, if more than one host
+  std::unique_ptr<ShmGroup> shm_;
+  std::vector<char> staging_;
+  Code failed_ = Code::kOk;
+  std::string failure_;
+  int failed_peer_ = -1;
+};
+
+}  // namespace hvs

@@ -1,0 +1,44 @@
+// Collectives among the ranks of one host, through a shared segment.
+// Buffers are this rank's; sizes are bytes unless named count (elements).
+// Terms (step, buffer, phase) are those of group.h.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "../reduce.h"
+#include "group.h"
+
+namespace hvs {
+
+struct Span {
+  char* ptr;
+  size_t len;
+};
+
+// dst = reduce of every local src.  root < 0: on every rank (allreduce);
+// root >= 0: only on local rank `root` (dst is ignored elsewhere).
+Status shm_allreduce(ShmGroup& g, const void* src, void* dst, size_t count, size_t elem,
+                     ReduceFn fn, int root, size_t small_bytes);
+
+// The spans of local rank `root` are copied into the same spans of every
+// other rank (every rank passes spans of the same lengths).
+Status shm_broadcast(ShmGroup& g, const std::vector<Span>& spans, int root);
+
+// Local rank j's block (bytes[j]) lands at dsts[j] on every rank; this
+// rank's block is read from src.
+Status shm_allgather(ShmGroup& g, const void* src, const std::vector<char*>& dsts,
+                     const std::vector<size_t>& bytes);
+
+// Block j of src (counts[j] elements at offsets[j]) is reduced over the local
+// ranks into dst on local rank j.
+Status shm_reducescatter(ShmGroup& g, const void* src, void* dst,
+                         const std::vector<size_t>& offsets, const std::vector<size_t>& counts,
+                         size_t elem, ReduceFn fn);
+
+// Local rank i's send block for j (send[j]) lands in j's recv block for i.
+Status shm_alltoall(ShmGroup& g, const std::vector<Span>& send, const std::vector<Span>& recv);
+
+Status shm_barrier(ShmGroup& g);
+
+}  // namespace hvs

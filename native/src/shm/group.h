@@ -1,0 +1,81 @@
+// The ranks of one host, synchronising through a shared segment.
+//
+// Terms used by every shm algorithm:
+//   step    one round in which each rank may write its slot buffer, then read
+//           the buffers of the others.  Every collective is a sequence of
+//           steps; all local ranks run the same sequence.
+//   buffer  a slot is cut into `nbuf` buffers; step g uses buffer g % nbuf.
+//   phase   a rank's counter in its control block, raised (post) after it
+//           has written what the others wait for.  Counters only grow, so
+//           nothing is ever reset and no extra barrier is needed between ops.
+//
+// Buffer reuse without barriers: a rank posts the first phase of step g+1
+// only after it finished reading everything of step g.  So before writing
+// buffer g % nbuf a rank waits until every peer has posted one phase past
+// the end of step g - nbuf; with nbuf >= 2 that has almost always happened
+// already, and the check is a few loads.
+//
+// Waiting: spin on the peer's counter (no syscall on the fast path) for
+// `spin_ns`, then sched_yield, then sleep in growing naps.  While yielding or
+// sleeping, every ~20 ms the peers' processes are checked (kill(pid, 0) and
+// /proc state) and their abort flags read, so a dead peer is reported in
+// milliseconds, not after the timeout.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "hvs/status.h"
+#include "segment.h"
+
+namespace hvs {
+
+struct WaitPolicy {
+  uint64_t spin_ns = 50000;
+  uint64_t timeout_ns = 30000000000ull;
+};
+
+class ShmGroup {
+ public:
+  // `world` is the world rank of each local rank, `pids` their processes.
+  ShmGroup(std::unique_ptr<Segment> seg, int me, std::vector<int> world, std::vector<pid_t> pids,
+           WaitPolicy policy, size_t chunk_bytes);
+
+  int size() const { return static_cast<int>(world_.size()); }
+  int me() const { return me_; }
+  int world_rank(int local) const { return world_[local]; }
+  size_t buf_bytes() const { return buf_bytes_; }
+  size_t chunk_bytes() const { return chunk_bytes_; }
+
+  // Step bookkeeping; see the file comment.
+  Status begin_step();
+  void end_step();
+  char* buffer(int local) const;  // this step's buffer in the slot of `local`
+
+  void post();
+  uint64_t phase() const { return phase_; }
+  Status wait_all(uint64_t target);
+  Status wait_one(int local, uint64_t target);
+  void abort();
+
+ private:
+  Status wait_slow(int local, uint64_t target);
+  Status check_peers() const;
+
+  std::unique_ptr<Segment> seg_;
+  int me_;
+  std::vector<int> world_;
+  std::vector<pid_t> pids_;
+  WaitPolicy policy_;
+  size_t nbuf_;
+  size_t buf_bytes_;
+  size_t chunk_bytes_;
+  uint64_t phase_ = 0;
+  uint64_t step_ = 0;
+  std::vector<uint64_t> end_phase_;  // phase at the end of step g, at g % nbuf
+};
+
+}  // namespace hvs

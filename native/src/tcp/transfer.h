@@ -1,0 +1,61 @@
+// Moving bytes over the mesh's TCP connections.
+//
+// Terms used by every TCP algorithm:
+//   link      a connected, authenticated, non-blocking socket to one peer
+//   item      a contiguous piece of a send or receive stream; a stream is a
+//             list of items handled in order
+//   dep       a send item may wait for a receive item (its index): a ring
+//             forwards a chunk as soon as it has arrived (and been reduced)
+//   reduce    a receive item may land in a staging buffer and be reduced
+//             into `out` = `own` op received, instead of landing in place
+//
+// A Transfer runs one send stream and one receive stream at once, on one
+// thread, with non-blocking send/recv and poll(): sending and receiving
+// overlap, and a ring step starts forwarding before it has received the
+// whole segment.  The deadline is "no byte moved for timeout", so a slow but
+// moving transfer never times out and a dead one fails within the timeout.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "../reduce.h"
+#include "hvs/status.h"
+
+namespace hvs {
+
+struct Link {
+  int fd = -1;
+  int peer = -1;  // world rank, for error messages
+};
+
+struct SendItem {
+  const char* ptr;
+  size_t len;
+  long dep;  // receive item that must be complete first, or -1
+};
+
+struct RecvItem {
+  char* ptr;        // where the bytes land (reduce: unused, they are staged)
+  size_t len;
+  char* out;        // reduce only: out = own op received
+  const char* own;  // reduce only; nullptr means land in place at ptr
+};
+
+struct TransferOptions {
+  uint64_t timeout_ns;
+  ReduceFn fn = nullptr;
+  size_t elem = 1;
+  char* staging = nullptr;  // at least the largest reduce item
+};
+
+// Runs both streams to completion.  `to` or `from` may be null when the
+// stream in that direction is empty.
+Status transfer(const Link* to, const std::vector<SendItem>& sends, const Link* from,
+                const std::vector<RecvItem>& recvs, const TransferOptions& opt);
+
+// Sets O_NONBLOCK on a link's socket.
+Status make_nonblocking(int fd);
+
+}  // namespace hvs

@@ -1,0 +1,61 @@
+"""Package metadata and the native extension collectives._native.
+
+`pip install -e .` (or `python setup.py build_ext --inplace` while
+developing) compiles native/ with pybind11: C++17, -O3, no framework
+headers.  The reduction kernels pick their instruction set at load time
+(GCC target_clones), so one build runs on any x86-64.
+"""
+import glob
+import os
+
+from setuptools import Extension, find_packages, setup
+
+
+class _PybindInclude:
+    """Resolved lazily: pybind11 is a build requirement, not a runtime one."""
+
+    def __str__(self) -> str:
+        import pybind11
+
+        return pybind11.get_include()
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCES = sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "native", "src", "**", "*.cc"),
+                                                              recursive=True))
+
+native = Extension(
+    "collectives._native",
+    sources=SOURCES,
+    include_dirs=[_PybindInclude(), "native/include", "native/src"],
+    language="c++",
+    extra_compile_args=["-std=c++17", "-O3", "-fvisibility=hidden", "-ffp-contract=off",
+                        "-Wall", "-Wno-unused-function"],
+    extra_link_args=["-lrt"],
+)
+
+setup(
+    name="horovod-spark",
+    version="0.1.0",
+    description="Distributed deep-learning training on Spark: a working replacement for "
+                "Horovod, HorovodRunner and TorchDistributor",
+    long_description=open(os.path.join(HERE, "README.md")).read() if os.path.exists(
+        os.path.join(HERE, "README.md")) else "",
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.9",
+    packages=find_packages(include=["collectives", "collectives.*", "horovod_spark", "horovod_spark.*"]),
+    package_data={"collectives": ["py.typed"], "horovod_spark": ["py.typed"]},
+    ext_modules=[native],
+    install_requires=["numpy", "cloudpickle", "pyspark>=3.5", "pyarrow", "psutil", "tqdm"],
+    extras_require={
+        "torch": ["torch"],
+        "tf": ["tensorflow-cpu"],
+        "mpi": ["mpi4py", "mpich"],
+        "gpu": ["cupy-cuda12x"],
+        "test": ["pytest", "pytest-timeout", "nbclient", "nbformat", "ipykernel", "scikit-learn",
+                 "matplotlib", "pandas", "fsspec"],
+    },
+    entry_points={"console_scripts": ["horovod-spark = horovod_spark.cli:main"]},
+    zip_safe=False,
+)
