@@ -1,0 +1,76 @@
+"""Checks a fit runs on the driver before any rank starts.
+
+What is checked where:
+
+- here, from the params and the schema: a missing or misnamed column (the message
+  lists the DataFrame's columns and the closest names), a column type training
+  can't take, a validation column next to a fraction, num_proc;
+- here, from a small sample of the prepared rows: an empty DataFrame;
+- by the framework's dry run on that sample (``_torch_io.dry_run`` /
+  ``_keras_io.dry_run``): the model can't take the features, a label whose shape
+  does not match the model's output, a loss that can't compare them;
+- by the barrier tasks, while they spill (``_spill.py``): NaN or null in any used
+  column (the message names it), arrays of different lengths.  The tasks agree
+  on it before any rank starts, so no training step runs on bad data.
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Any, Dict, List, Optional, Sequence
+
+from horovod_spark.estimator.data import ColumnSpec, batch_from_table, column_specs, prepare
+
+__all__ = ["checked_specs", "sample_batch", "resolve_num_proc", "require"]
+
+SAMPLE_ROWS = 16
+
+
+def require(owner: str, values: Dict[str, Any], names: Sequence[str]) -> None:
+    missing = [n for n in names if values.get(n) in (None, [], ())]
+    if missing:
+        raise ValueError(f"{owner} needs {', '.join(missing)}; pass "
+                         + ", ".join(f"{n}=..." for n in missing))
+
+
+def checked_specs(df, values: Dict[str, Any]) -> List[ColumnSpec]:
+    """The column specs of a fit; ValueError / TypeError before anything runs."""
+    validation = values.get("validation")
+    val_col = validation if isinstance(validation, str) else None
+    try:
+        return column_specs(df.schema, values["feature_cols"], values["label_cols"],
+                            values.get("sample_weight_col"), val_col)
+    except ValueError as exc:
+        raise ValueError(_with_suggestions(str(exc), df.columns, _used(values, val_col))) \
+            from None
+
+
+def _used(values: Dict[str, Any], val_col: Optional[str]) -> List[str]:
+    cols = list(values["feature_cols"]) + list(values["label_cols"])
+    return cols + [c for c in (values.get("sample_weight_col"), val_col) if c]
+
+
+def _with_suggestions(message: str, columns: Sequence[str], used: Sequence[str]) -> str:
+    hints = []
+    for name in used:
+        if name in columns:
+            continue
+        close = difflib.get_close_matches(name, columns, n=1, cutoff=0.6) or \
+            [c for c in columns if c.lower() == name.lower()]
+        if close:
+            hints.append(f"'{name}' -> '{close[0]}'?")
+    return message + (f" (did you mean {', '.join(hints)})" if hints else "")
+
+
+def sample_batch(df, specs: Sequence[ColumnSpec], rows: int = SAMPLE_ROWS):
+    """A few prepared rows as numpy, for the dry run; ValueError when there are none."""
+    table = prepare(df, specs).limit(rows).toArrow()
+    if table.num_rows == 0:
+        raise ValueError("the DataFrame is empty: there are no rows to train on")
+    return batch_from_table(table, specs)
+
+
+def resolve_num_proc(spark, num_proc: Optional[int]) -> int:
+    n = num_proc if num_proc is not None else spark.sparkContext.defaultParallelism
+    if n < 1:
+        raise ValueError(f"num_proc must be at least 1, got {n}")
+    return n

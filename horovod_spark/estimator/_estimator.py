@@ -1,0 +1,94 @@
+"""What TorchEstimator and KerasEstimator share: the driver side of ``fit``.
+
+``_fit(df)``: check the params and the columns, prepare the used columns on the
+JVM, dry-run the model on a few rows (``_dry_run``, per framework), then run the
+barrier stage (``_launch.run_fit``) and wrap rank 0's result in the framework's
+Model.  A framework subclass provides ``_required``, ``_user_objects``,
+``_dry_run``, ``_train_fn`` and ``_model_class``.
+"""
+from __future__ import annotations
+
+import uuid
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from pyspark.ml import Estimator
+
+from horovod_spark.estimator import _checks
+from horovod_spark.estimator._job import BarrierJob, TrainSpec
+from horovod_spark.estimator.data import ColumnSpec, prepare
+from horovod_spark.estimator.params import EstimatorParams
+
+__all__ = ["DistributedEstimator"]
+
+
+class DistributedEstimator(Estimator, EstimatorParams):
+    """Base of TorchEstimator and KerasEstimator (not used directly)."""
+
+    _required: Sequence[str] = ("model", "feature_cols", "label_cols")
+
+    def __init__(self, **kwargs: Any):
+        super().__init__()
+        self._init_params(kwargs)
+        self._last_timings: Dict[str, float] = {}
+
+    # framework hooks
+    def _user_objects(self, values: Dict[str, Any]) -> bytes:
+        raise NotImplementedError
+
+    def _dry_run(self, values: Dict[str, Any], sample: Dict[str, Any]) -> List[List[int]]:
+        raise NotImplementedError
+
+    _train_fn: Callable[..., Any]
+    _model_class: type
+
+    def fit_on_parquet(self, path: str, params: Optional[dict] = None):
+        """Fit on a Parquet data set (a file or a directory, any Spark-readable path)."""
+        from pyspark.sql import SparkSession
+
+        return self.fit(SparkSession.active().read.parquet(path), params)
+
+    def _fit(self, dataset):
+        values = self.param_values()
+        _checks.require(type(self).__name__, values, self._required)
+        specs = _checks.checked_specs(dataset, values)
+        sample = _checks.sample_batch(dataset, specs)
+        output_shapes = self._dry_run(values, sample)
+        spark = dataset.sparkSession
+        num_proc = _checks.resolve_num_proc(spark, values["num_proc"])
+        job = self._barrier_job(values, specs)
+        result = self._run(spark, prepare(dataset, specs), num_proc, job, values["verbose"])
+        self._last_timings = result.get("timings", {})
+        return self._model_class(
+            model_bytes=result["model"], history=result["history"], output_shapes=output_shapes,
+            feature_cols=values["feature_cols"], label_cols=values["label_cols"],
+            run_id=job.train.run_id)
+
+    def _run(self, spark, prepared, num_proc: int, job: BarrierJob, verbose: int):
+        from horovod_spark.estimator._launch import run_fit
+
+        return run_fit(spark, prepared, num_proc, job, verbose)
+
+    def _barrier_job(self, values: Dict[str, Any], specs: Sequence[ColumnSpec]) -> BarrierJob:
+        from horovod_spark.estimator.store import LocalStore
+
+        validation = values["validation"]
+        store = values["store"] or LocalStore(_default_store_dir())
+        train = TrainSpec(
+            user=self._user_objects(values), feature_cols=tuple(values["feature_cols"]),
+            label_cols=tuple(values["label_cols"]), weight_col=values["sample_weight_col"],
+            batch_size=values["batch_size"], epochs=values["epochs"], shuffle=values["shuffle"],
+            seed=values["random_seed"],
+            backward_passes_per_step=values["backward_passes_per_step"],
+            use_gpu=values["use_gpu"], verbose=values["verbose"], store=store,
+            run_id=values["run_id"] or f"run-{uuid.uuid4().hex[:12]}",
+            has_validation=bool(validation))
+        fraction = validation if isinstance(validation, float) else 0.0
+        return BarrierJob(specs=tuple(specs), validation_fraction=fraction, train=train,
+                          train_fn=type(self)._train_fn)
+
+
+def _default_store_dir() -> str:
+    import os
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), "horovod_spark_store")

@@ -1,0 +1,116 @@
+"""What the driver hands to the barrier tasks and what the tasks hand to the ranks.
+
+``BarrierJob`` travels (pickled) into every task of the fit's barrier stage;
+``TrainSpec`` is the part the rank process needs, completed by the task with the
+row counts of every shard once the tasks have exchanged their censuses.  Both
+are frozen: a task makes the rank's copy with ``dataclasses.replace``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from horovod_spark.estimator.data import ColumnSpec
+from horovod_spark.estimator.store import Store
+
+__all__ = ["TrainSpec", "BarrierJob", "RankData", "Progress", "ckpt_state_name"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSpec:
+    user: bytes                              # cloudpickle of the framework's user objects
+    feature_cols: Tuple[str, ...]
+    label_cols: Tuple[str, ...]
+    weight_col: Optional[str]
+    batch_size: int
+    epochs: int
+    shuffle: bool
+    seed: int
+    backward_passes_per_step: int
+    use_gpu: bool
+    verbose: int
+    store: Store
+    run_id: str
+    has_validation: bool
+    train_rows: Tuple[int, ...] = ()         # per rank, from the census
+    val_rows: Tuple[int, ...] = ()
+    data_seconds: float = 0.0                # this task's spill + census time
+
+
+@dataclasses.dataclass(frozen=True)
+class BarrierJob:
+    specs: Tuple[ColumnSpec, ...]
+    validation_fraction: float
+    train: TrainSpec
+    train_fn: Callable[..., Any]             # (TrainSpec, shard directory) -> result, on the rank
+
+
+class RankData:
+    """A rank's view of its shard: the training stream and the validation rows."""
+
+    def __init__(self, spec: TrainSpec, directory: str, rank: int):
+        from horovod_spark.estimator._reader import BatchStream, Shard, steps_per_epoch
+
+        names = list(dict.fromkeys(spec.feature_cols + spec.label_cols +
+                                   ((spec.weight_col,) if spec.weight_col else ())))
+        self.names = names
+        self.train = Shard(os.path.join(directory, "train.arrow"), names)
+        self.stream = BatchStream(self.train, spec.batch_size, spec.shuffle, spec.seed, rank)
+        self.steps = steps_per_epoch(spec.train_rows, spec.batch_size,
+                                     spec.backward_passes_per_step)
+        self.val = Shard(os.path.join(directory, "val.arrow"), names) \
+            if spec.has_validation else None
+
+    def epoch(self, epoch: int):
+        return self.stream.epoch(epoch, self.steps)
+
+    def validation(self, batch_size: int):
+        from horovod_spark.estimator._reader import sequential_batches
+
+        return sequential_batches(self.val, batch_size) if self.val is not None else iter(())
+
+    def close(self) -> None:
+        self.train.close()
+        if self.val is not None:
+            self.val.close()
+
+
+class Progress:
+    """Rank 0's one line per epoch, and the timings a benchmark reads."""
+
+    def __init__(self, spec: TrainSpec, rank: int, steps: int):
+        self.verbose = spec.verbose if rank == 0 else 0
+        self.epochs, self.steps, self.run_id = spec.epochs, steps, spec.run_id
+        self.train_seconds = 0.0
+        self.started = time.perf_counter()
+        if spec.verbose >= 2:
+            print(f"rank {rank}: {spec.train_rows[rank]} training rows, "
+                  f"{spec.val_rows[rank] if spec.val_rows else 0} validation rows, "
+                  f"{steps} steps per epoch", flush=True)
+
+    def epoch_done(self, epoch: int, metrics: Dict[str, float], seconds: float) -> None:
+        self.train_seconds += seconds
+        if self.verbose:
+            text = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+            print(f"epoch {epoch + 1}/{self.epochs} ({self.steps} steps, {seconds:.2f} s): "
+                  f"{text}", flush=True)
+
+    def timings(self, data_seconds: float) -> Dict[str, float]:
+        return {"data_seconds": data_seconds, "train_seconds": self.train_seconds,
+                "rank_seconds": time.perf_counter() - self.started}
+
+
+def append_history(history: Dict[str, List[float]], metrics: Dict[str, float]) -> None:
+    for name, value in metrics.items():
+        history.setdefault(name, []).append(float(value))
+
+
+def averaged(names: Sequence[str], sums: Sequence[float], counts: Sequence[float]
+             ) -> Dict[str, float]:
+    return {n: (s / c if c else float("nan")) for n, s, c in zip(names, sums, counts)}
+
+
+def ckpt_state_name(run_id: str) -> str:
+    return f"checkpoint of run {run_id!r}"

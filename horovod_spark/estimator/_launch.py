@@ -1,0 +1,99 @@
+"""The driver side of a fit: one barrier stage over the DataFrame's partitions.
+
+The Spark runner (``horovod_spark._driver``) runs a function as a barrier stage of
+its own (``sc.parallelize(range(np)).barrier()``).  A fit needs the ranks inside
+the barrier stage *of the data*, so that each task hands its partition to its
+rank without any copy through shared storage.  So this module composes the
+runner's parts around a different stage: the runner's pre-submit checks (slots,
+dynamic allocation, GPU amounts), its per-job secret and log server (live rank
+output, failure records), its task machinery inside our task body
+(``_barrier.task_body`` calls ``_task.run_task``), its failure analysis and its
+cleanup; the stage itself is ``prepared_df.mapInArrow(task_body, barrier=True)``.
+
+The prepared DataFrame is repartitioned to ``num_proc`` only when it has another
+number of partitions.  If its own partitions leave a rank with no rows, the fit
+is retried once after a repartition (round-robin, so every rank gets rows).
+"""
+from __future__ import annotations
+
+import functools
+import os
+import uuid
+from typing import Any, Dict, Optional
+
+from horovod_spark.estimator._barrier import EMPTY, OK, PROBLEM, RESULT_SCHEMA, task_body
+from horovod_spark.estimator._job import BarrierJob
+
+__all__ = ["run_fit", "FitFailed"]
+
+
+class FitFailed(RuntimeError):
+    """The data can't be trained on; raised before any training step ran."""
+
+
+def run_fit(spark, prepared_df, num_proc: int, job: BarrierJob, verbose: int = 1
+            ) -> Dict[str, Any]:
+    """Rank 0's result of the fit: {"model": bytes, "history": ..., "timings": ...}."""
+    df = prepared_df
+    repartitioned = df.rdd.getNumPartitions() != num_proc
+    if repartitioned:
+        df = df.repartition(num_proc)
+    status, payload = _stage(spark, df, num_proc, job, verbose)
+    if status == EMPTY and not repartitioned:
+        if verbose:
+            print(f"horovod_spark: {payload}; repartitioning to {num_proc}", flush=True)
+        status, payload = _stage(spark, prepared_df.repartition(num_proc), num_proc, job, verbose)
+    if status != OK:
+        hint = "" if status == PROBLEM else \
+            "; the DataFrame needs at least one training row per rank: fewer ranks or more rows"
+        raise ValueError(f"{payload}{hint}")
+    return payload
+
+
+def _stage(spark, df, num_proc: int, job: BarrierJob, verbose: int):
+    """(status, rank 0's result or the problem) of one barrier stage."""
+    import cloudpickle
+
+    from horovod_spark import _driver
+    from horovod_spark._task import TaskSpec
+
+    sc = spark.sparkContext
+    opts = _driver.JobOptions(np=num_proc, rank0_only=True, verbose=verbose,
+                              show_output=verbose > 0)
+    limit = _driver._checks_before_submit(sc, opts)
+    secret, job_id = os.urandom(32), f"hvs-fit-{uuid.uuid4().hex[:12]}/a0"
+    server = _driver._log_server(sc, secret, job_id, opts)
+    spec = TaskSpec(job=job_id, secret=secret, payload=b"",
+                    log_address=server.address if server else None, show_output=opts.show_output,
+                    rank0_only=True, result_limit=limit)
+    tag = f"horovod-spark-{job_id.replace('/', '-')}"
+    sc.addJobTag(tag)
+    ok = False
+    try:
+        body = functools.partial(task_body, spec, job)
+        rows = df.mapInArrow(body, RESULT_SCHEMA, barrier=True).collect()
+        ok = True
+    except Exception as exc:  # Spark's account of a failed rank
+        record = _driver.failure_of(server, exc, num_proc)
+        raise _driver.JobFailedError(record) from None
+    finally:
+        _finish(sc, server, tag, ok, num_proc, rows if ok else None)
+    for row in sorted(rows, key=lambda r: r.partition):
+        if row.status != OK:
+            return row.status, row.message
+    blob = next(r.payload for r in rows if r.partition == 0)
+    return OK, cloudpickle.loads(blob)[1]
+
+
+def _finish(sc, server, tag: str, ok: bool, num_proc: int, rows: Optional[list]) -> None:
+    """The runner's cleanup; ranks that never started (a data problem) are not waited for."""
+    from horovod_spark import _driver
+
+    started = ok and rows is not None and all(r.status == OK for r in rows)
+    if ok and not started and server is not None:
+        try:
+            sc.removeJobTag(tag)
+        finally:
+            server.close()
+        return
+    _driver._finish(sc, server, tag, ok, num_proc)

@@ -1,0 +1,185 @@
+"""The data path, task side: spill one partition to the rank's local Arrow files.
+
+A barrier task receives its partition of the prepared DataFrame as Arrow record
+batches (see ``data.py``).  It writes them, batch by batch and so in bounded
+memory, to ``train.arrow`` (and ``val.arrow`` when validation is asked for) in a
+fresh local directory: uncompressed Arrow IPC files, lists rewritten as
+fixed-size lists, so the rank can memory-map them and view every column as a
+numpy array without a copy.  While it writes it checks what training can't take
+(nulls, NaN, arrays of different lengths) and records a *census* of the
+partition: its row counts, the column widths and the first problem found.  The
+tasks exchange their censuses (``BarrierTaskContext.allGather``) before any rank
+starts, so a bad row fails the fit on every task at once, before training.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from typing import Dict, Iterable, List, Optional, Sequence
+
+import numpy as np
+
+from horovod_spark.estimator.data import VALIDATION, ColumnSpec, arrow_to_numpy
+
+__all__ = ["Census", "spill_partition", "local_dir", "feature_widths", "first_problem"]
+
+
+@dataclass
+class Census:
+    partition: int
+    train_rows: int = 0
+    val_rows: int = 0
+    widths: Dict[str, int] = field(default_factory=dict)
+    problem: Optional[str] = None
+    directory: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def local_dir() -> str:
+    """Where a task spills: Spark's local dir when the executor says, else the temp dir."""
+    dirs = os.environ.get("SPARK_LOCAL_DIRS") or os.environ.get("LOCAL_DIRS") or ""
+    first = dirs.split(",")[0]
+    return first if first and os.path.isdir(first) else tempfile.gettempdir()
+
+
+class _Writer:
+    """One lazily opened Arrow IPC file."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.rows = 0
+        self._writer = None
+
+    def write(self, batch) -> None:
+        import pyarrow as pa
+
+        if self._writer is None:
+            self._writer = pa.ipc.new_file(self.path, batch.schema)
+        self._writer.write_batch(batch)
+        self.rows += batch.num_rows
+
+    def close(self, schema) -> None:
+        import pyarrow as pa
+
+        if self._writer is None:  # an empty shard is still a valid file
+            self._writer = pa.ipc.new_file(self.path, schema)
+        self._writer.close()
+
+
+def _convert(batch, specs: Sequence[ColumnSpec], census: Census):
+    """(columns for the file, validation mask or None); ValueError on a bad row."""
+    import pyarrow as pa
+
+    arrays, names, mask = [], [], None
+    for spec in specs:
+        if spec.name in names:
+            continue
+        values = arrow_to_numpy(batch.column(spec.name), spec.dtype, spec.name)
+        if values.dtype.kind == "f":
+            bad = np.isnan(values) if values.ndim == 1 else np.isnan(values).any(axis=1)
+            if bad.any():
+                raise ValueError(f"{spec.role} column '{spec.name}' has NaN "
+                                 f"(first in row {census.train_rows + census.val_rows + int(bad.argmax())} "
+                                 f"of partition {census.partition})")
+        if spec.role == VALIDATION:
+            mask = values.astype(bool)
+            continue
+        width = values.shape[1] if values.ndim == 2 else 0
+        if census.widths.setdefault(spec.name, width) != width:
+            raise ValueError(f"column '{spec.name}' has arrays of different lengths "
+                             f"({census.widths[spec.name]} and {width}) in partition "
+                             f"{census.partition}; every row needs the same length")
+        flat = pa.array(values.reshape(-1))
+        arrays.append(pa.FixedSizeListArray.from_arrays(flat, width) if width else flat)
+        names.append(spec.name)
+    return pa.RecordBatch.from_arrays(arrays, names=names), mask
+
+
+def _split_mask(n: int, rng: np.random.Generator, fraction: float) -> Optional[np.ndarray]:
+    return rng.random(n) < fraction if fraction > 0 else None
+
+
+def spill_partition(batches: Iterable, specs: Sequence[ColumnSpec], partition: int,
+                    validation_fraction: float = 0.0, seed: int = 0,
+                    directory: Optional[str] = None) -> Census:
+    """Write ``batches`` to ``<directory>/train.arrow`` (+ ``val.arrow``); the census.
+
+    A problem stops the spill and is recorded in ``census.problem`` (not raised), so
+    that the task can still take part in the census exchange.
+    """
+    census = Census(partition)
+    census.directory = directory or tempfile.mkdtemp(prefix=f"hvs-est-p{partition}-",
+                                                     dir=local_dir())
+    has_val = validation_fraction > 0 or any(s.role == VALIDATION for s in specs)
+    train = _Writer(os.path.join(census.directory, "train.arrow"))
+    val = _Writer(os.path.join(census.directory, "val.arrow")) if has_val else None
+    rng = np.random.default_rng([seed, partition])
+    schema = None
+    try:
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            table, mask = _convert(batch, specs, census)
+            schema = table.schema
+            if mask is None:
+                mask = _split_mask(table.num_rows, rng, validation_fraction)
+            _write_split(table, mask, train, val)
+            census.train_rows, census.val_rows = train.rows, val.rows if val else 0
+    except ValueError as exc:
+        census.problem = str(exc)
+    schema = schema or _empty_schema(specs)
+    train.close(schema)
+    if val is not None:
+        val.close(schema)
+    return census
+
+
+def _write_split(table, mask: Optional[np.ndarray], train: _Writer,
+                 val: Optional[_Writer]) -> None:
+    import pyarrow as pa
+
+    if mask is None or val is None:
+        train.write(table)
+        return
+    if (~mask).any():
+        train.write(table.filter(pa.array(~mask)))
+    if mask.any():
+        val.write(table.filter(pa.array(mask)))
+
+
+def _empty_schema(specs: Sequence[ColumnSpec]):
+    """Schema of a partition that had no rows; widths are unknown, so lists are 0 wide."""
+    import pyarrow as pa
+
+    fields: List = []
+    for spec in specs:
+        if spec.role == VALIDATION or spec.name in [f.name for f in fields]:
+            continue
+        scalar = pa.from_numpy_dtype(np.dtype(spec.dtype))
+        fields.append(pa.field(spec.name, scalar if spec.kind == "scalar"
+                               else pa.list_(scalar, 0)))
+    return pa.schema(fields)
+
+
+def feature_widths(census_list: Sequence[dict], specs: Sequence[ColumnSpec]) -> Dict[str, int]:
+    """The width of each column, agreed across partitions; ValueError if two differ."""
+    widths: Dict[str, int] = {}
+    for census in census_list:
+        for name, width in census["widths"].items():
+            if widths.setdefault(name, width) != width:
+                role = next(s.role for s in specs if s.name == name)
+                raise ValueError(
+                    f"{role} column '{name}' has {widths[name]} values per row in one "
+                    f"partition and {width} in partition {census['partition']}")
+    return widths
+
+
+def first_problem(census_list: Sequence[dict]) -> Optional[str]:
+    for census in sorted(census_list, key=lambda c: c["partition"]):
+        if census["problem"]:
+            return census["problem"]
+    return None
+

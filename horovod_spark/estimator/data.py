@@ -1,0 +1,158 @@
+"""The data path, driver side: which columns train, and in what form they travel.
+
+Terms used here and in ``_spill.py`` / ``_reader.py``:
+
+- a *column spec* says what one used column is: its role (feature, label, weight,
+  validation), its *kind* (scalar; vector, an ``pyspark.ml.linalg`` Vector; array,
+  a Spark ``array<number>``) and the numpy dtype it trains as (features float32;
+  integer labels int64, so they can be class indices; other labels float32);
+- the *prepared* DataFrame has exactly the used columns, already in that dtype,
+  vectors turned into arrays on the JVM (``vector_to_array``), so every rank gets
+  plain Arrow: scalars, or lists of one fixed width;
+- a *shard* is one rank's rows: its partition of the prepared DataFrame, spilled by
+  its barrier task to a local Arrow IPC file (``_spill.py``) that the rank maps
+  (``_reader.py``).  Nothing goes through shared storage.
+
+The DataFrame is repartitioned to ``num_proc`` partitions only when it has a
+different number, so a DataFrame already split that way costs no shuffle;
+partitions may then be uneven, which the ranks handle (same steps per epoch).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+__all__ = ["ColumnSpec", "column_specs", "prepare", "prepare_exprs", "arrow_to_numpy", "batch_from_table"]
+
+FEATURE, LABEL, WEIGHT, VALIDATION = "feature", "label", "weight", "validation"
+_TAKES = "numeric scalars, booleans, ml Vectors and arrays of numbers"
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    name: str
+    role: str
+    kind: str            # "scalar" | "vector" | "array"
+    dtype: str           # numpy dtype it trains as
+    spark_type: str      # as the user's DataFrame has it, for messages
+
+
+def _kind_of(data_type) -> Optional[str]:
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql import types as T
+
+    if isinstance(data_type, VectorUDT):
+        return "vector"
+    if isinstance(data_type, (T.NumericType, T.BooleanType)) and \
+            not isinstance(data_type, T.DecimalType):
+        return "scalar"
+    if isinstance(data_type, T.ArrayType) and isinstance(
+            data_type.elementType, (T.NumericType, T.BooleanType)):
+        return "array"
+    return None
+
+
+def _dtype_for(role: str, data_type, kind: str) -> str:
+    from pyspark.sql import types as T
+
+    if role == VALIDATION:
+        return "bool"
+    if role == LABEL and kind == "scalar" and isinstance(data_type, T.IntegralType):
+        return "int64"
+    return "float32"
+
+
+def column_specs(schema, feature_cols: Sequence[str], label_cols: Sequence[str],
+                 weight_col: Optional[str] = None,
+                 validation_col: Optional[str] = None) -> List[ColumnSpec]:
+    """One spec per used column; ValueError for a missing column, TypeError for a type."""
+    wanted = [(c, FEATURE) for c in feature_cols] + [(c, LABEL) for c in label_cols]
+    if weight_col:
+        wanted.append((weight_col, WEIGHT))
+    if validation_col:
+        wanted.append((validation_col, VALIDATION))
+    fields = {f.name: f.dataType for f in schema.fields}
+    missing = [c for c, _ in wanted if c not in fields]
+    if missing:
+        raise ValueError(
+            f"column(s) {missing} not in the DataFrame; its columns are {list(fields)}")
+    specs = []
+    for name, role in wanted:
+        data_type = fields[name]
+        kind = _kind_of(data_type)
+        if kind is None or (role in (WEIGHT, VALIDATION) and kind != "scalar"):
+            takes = "a numeric or boolean scalar" if role in (WEIGHT, VALIDATION) else _TAKES
+            raise TypeError(f"{role} column '{name}' has type {data_type.simpleString()}; "
+                            f"the estimator takes {takes}")
+        specs.append(ColumnSpec(name, role, kind, _dtype_for(role, data_type, kind),
+                                data_type.simpleString()))
+    return specs
+
+
+def prepare_exprs(specs: Sequence[ColumnSpec]) -> list:
+    """One JVM expression per used column, cast to its training dtype."""
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.sql import functions as F
+
+    spark_scalar = {"float32": "float", "int64": "bigint", "bool": "boolean"}
+    cols, seen = [], set()
+    for spec in specs:
+        if spec.name in seen:
+            continue
+        seen.add(spec.name)
+        if spec.kind == "vector":
+            col = vector_to_array(F.col(spec.name), "float32")
+        elif spec.kind == "array":
+            col = F.col(spec.name).cast(f"array<{spark_scalar[spec.dtype]}>")
+        else:
+            col = F.col(spec.name).cast(spark_scalar[spec.dtype])
+        cols.append(col.alias(spec.name))
+    return cols
+
+
+def prepare(df, specs: Sequence[ColumnSpec]):
+    """The prepared DataFrame: the used columns only, cast on the JVM."""
+    return df.select(*prepare_exprs(specs))
+
+
+def arrow_to_numpy(array, dtype: str, name: str) -> np.ndarray:
+    """A numpy view (or copy) of one Arrow column: (n,) for scalars, (n, width) for
+    lists of one width.  ValueError naming the column for nulls or ragged lists."""
+    import pyarrow as pa
+
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    if array.null_count:
+        raise ValueError(f"column '{name}' has {array.null_count} null value(s)")
+    if pa.types.is_fixed_size_list(array.type):
+        width = array.type.list_size
+        values = array.flatten()
+    elif pa.types.is_list(array.type) or pa.types.is_large_list(array.type):
+        lengths = array.value_lengths().to_numpy(zero_copy_only=False)
+        width = int(lengths[0]) if len(lengths) else 0
+        if len(lengths) and (lengths != width).any():
+            other = int(lengths[lengths != width][0])
+            raise ValueError(f"column '{name}' has arrays of different lengths "
+                             f"({width} and {other}); every row needs the same length")
+        values = array.flatten()
+    else:
+        return _values(array, dtype, name)
+    return _values(values, dtype, name).reshape(len(array), width)
+
+
+def _values(array, dtype: str, name: str) -> np.ndarray:
+    if array.null_count:
+        raise ValueError(f"column '{name}' has {array.null_count} null element(s)")
+    out = array.to_numpy(zero_copy_only=False)
+    return out if out.dtype == np.dtype(dtype) else out.astype(dtype)
+
+
+def batch_from_table(table, specs: Sequence[ColumnSpec]) -> Dict[str, np.ndarray]:
+    """The columns of an Arrow table or record batch as numpy, by column name."""
+    out = {}
+    for spec in specs:
+        if spec.name not in out:
+            out[spec.name] = arrow_to_numpy(table.column(spec.name), spec.dtype, spec.name)
+    return out

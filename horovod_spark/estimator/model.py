@@ -1,0 +1,201 @@
+"""What TorchModel and KerasModel share: batched prediction on the executors, and
+persistence.
+
+``transform(df)`` adds one column per model output (``output_cols``, default
+``<label>__output``) through a scalar Arrow UDF of the iterator kind: each
+partition loads the model once (from a broadcast of its bytes) and predicts on
+its Arrow batches in slices of ``batch_size`` rows; the other columns never leave
+the JVM.  A per-row scalar output becomes a double column, anything wider a
+DenseVector (flattened, made on the JVM with ``array_to_vector``).
+
+``save(path)`` writes Spark ML's metadata (``DefaultParamsWriter``: class, uid,
+params) plus the history and output shapes, and the model's bytes to
+``<path>/model.bin`` through a ``Store`` (so HDFS / S3 paths work); ``load``
+reads both back.  This is the layout ``Pipeline`` / ``PipelineModel`` persistence
+expects of a stage.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+from pyspark.ml import Model
+from pyspark.ml.util import (DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader,
+                             MLWritable, MLWriter)
+
+from horovod_spark.estimator.data import arrow_to_numpy, column_specs, prepare_exprs
+from horovod_spark.estimator.params import ModelParams
+
+__all__ = ["EstimatorModel"]
+
+Predictor = Callable[[List[np.ndarray]], List[np.ndarray]]
+
+
+class EstimatorModel(Model, ModelParams, MLWritable, MLReadable):
+    """A fitted model: a Spark ML Transformer over the trained weights."""
+
+    #: module-level function (bytes) -> Predictor, run on the executors
+    _make_predictor: Callable[[bytes], Predictor]
+
+    def __init__(self, model_bytes: Optional[bytes] = None,
+                 history: Optional[Dict[str, List[float]]] = None,
+                 output_shapes: Optional[List[List[int]]] = None, **kwargs: Any):
+        super().__init__()
+        self._init_params(kwargs)
+        self._model_bytes = model_bytes
+        self._history = history or {}
+        self._output_shapes = output_shapes
+        self._broadcast = None
+
+    def getHistory(self) -> Dict[str, List[float]]:
+        """Per-epoch metrics: ``loss``, ``val_loss``, one list per metric."""
+        return {k: list(v) for k, v in self._history.items()}
+
+    def getOutputCols(self) -> List[str]:
+        cols = self.getOrDefault("output_cols")
+        return list(cols) if cols else [f"{c}__output" for c in self.getOrDefault("label_cols")]
+
+    def copy(self, extra=None):
+        that = super().copy(extra)
+        that._broadcast = None
+        return that
+
+    # prediction
+    def _transform(self, dataset):
+        from pyspark.ml.functions import array_to_vector
+        from pyspark.sql import functions as F
+
+        feature_cols = self.getOrDefault("feature_cols")
+        if not feature_cols:
+            raise ValueError(f"{type(self).__name__} has no feature_cols")
+        specs = column_specs(dataset.schema, feature_cols, [])
+        shapes = self._output_shapes or self._probe_output_shapes(dataset, specs)
+        out_cols = self.getOutputCols()
+        if len(out_cols) != len(shapes):
+            raise ValueError(f"the model has {len(shapes)} output(s) but output_cols is "
+                             f"{out_cols}; give one name per output")
+        udf = self._prediction_udf(specs, shapes, out_cols)
+        tmp = "__hvs_prediction__"
+        out = dataset.withColumn(tmp, udf(*prepare_exprs(specs)))
+        for name, shape in zip(out_cols, shapes):
+            col = F.col(tmp)[name]
+            out = out.withColumn(name, array_to_vector(col) if _is_vector(shape) else col)
+        return out.drop(tmp)
+
+    def _prediction_udf(self, specs, shapes, out_cols):
+        from pyspark.sql import types as T
+        from pyspark.sql.functions import arrow_udf
+        from pyspark.util import PythonEvalType
+
+        fields = [T.StructField(n, T.ArrayType(T.DoubleType(), False) if _is_vector(s)
+                                else T.DoubleType(), False) for n, s in zip(out_cols, shapes)]
+        fn = _partition_predictor(self._model_broadcast(), type(self)._make_predictor,
+                                  [(s.name, s.dtype) for s in specs], shapes, out_cols,
+                                  self.getOrDefault("batch_size"))
+        return arrow_udf(fn, T.StructType(fields), PythonEvalType.SQL_SCALAR_ARROW_ITER_UDF)
+
+    def _model_broadcast(self):
+        from pyspark.sql import SparkSession
+
+        if self._model_bytes is None:
+            raise ValueError(f"{type(self).__name__} has no trained model")
+        if self._broadcast is None:
+            sc = SparkSession.active().sparkContext
+            self._broadcast = sc.broadcast(self._model_bytes)
+        return self._broadcast
+
+    def _probe_output_shapes(self, dataset, specs) -> List[List[int]]:
+        """Output shapes from one row, for a model built without fit."""
+        from horovod_spark.estimator.data import prepare
+
+        table = prepare(dataset, specs).limit(1).toArrow()
+        if table.num_rows == 0:
+            raise ValueError("cannot find the model's output shape from an empty DataFrame")
+        predict = type(self)._make_predictor(self._model_bytes)
+        outs = predict([arrow_to_numpy(table.column(s.name), s.dtype, s.name) for s in specs])
+        self._output_shapes = [list(o.shape[1:]) for o in outs]
+        return self._output_shapes
+
+    # persistence
+    def write(self) -> MLWriter:
+        return _ModelWriter(self)
+
+    @classmethod
+    def read(cls) -> MLReader:
+        return _ModelReader(cls)
+
+
+def _is_vector(shape: Sequence[int]) -> bool:
+    return int(np.prod(shape)) != 1 if len(shape) else False
+
+
+def _partition_predictor(broadcast, make_predictor, columns, shapes, out_cols, batch_size):
+    """The UDF body: one model load per partition, then slices of ``batch_size`` rows."""
+
+    def predict_partition(batches):
+        import pyarrow as pa
+
+        predict = make_predictor(broadcast.value)
+        for arrays in batches:
+            arrays = arrays if isinstance(arrays, tuple) else (arrays,)
+            features = [arrow_to_numpy(a, dtype, name) for a, (name, dtype) in zip(arrays, columns)]
+            n = len(features[0])
+            parts = [predict([f[i:i + batch_size] for f in features])
+                     for i in range(0, n, batch_size)] or [[np.zeros((0,) + tuple(s))
+                                                            for s in shapes]]
+            outs = [np.concatenate([p[k] for p in parts]) for k in range(len(shapes))]
+            yield pa.StructArray.from_arrays(
+                [_to_arrow(o, s, name) for o, s, name in zip(outs, shapes, out_cols)],
+                names=list(out_cols))
+
+    return predict_partition
+
+
+def _to_arrow(values: np.ndarray, shape: Sequence[int], name: str):
+    import pyarrow as pa
+
+    n = len(values)
+    flat = np.ascontiguousarray(values, dtype=np.float64).reshape(n, -1)
+    if flat.shape[1] != int(np.prod(shape)):
+        raise ValueError(f"output '{name}' has {flat.shape[1]} values per row, "
+                         f"expected shape {list(shape)}")
+    if not _is_vector(shape):
+        return pa.array(flat.reshape(-1))
+    width = flat.shape[1]
+    offsets = pa.array(np.arange(0, n * width + 1, width, dtype=np.int32))
+    return pa.ListArray.from_arrays(offsets, pa.array(flat.reshape(-1)))
+
+
+class _ModelWriter(MLWriter):
+    def __init__(self, instance: EstimatorModel):
+        super().__init__()
+        self.instance = instance
+
+    def saveImpl(self, path: str) -> None:
+        from horovod_spark.estimator.store import Store
+
+        inst = self.instance
+        extra = {"history": inst._history, "output_shapes": inst._output_shapes}
+        DefaultParamsWriter.saveMetadata(inst, path, self.sparkSession, extraMetadata=extra)
+        store = Store.create(path)
+        store.write_bytes(store.join("model.bin"), inst._model_bytes or b"")
+
+
+class _ModelReader(MLReader):
+    def __init__(self, cls: type):
+        super().__init__()
+        self.cls = cls
+
+    def load(self, path: str) -> EstimatorModel:
+        from horovod_spark.estimator.store import Store
+
+        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
+        instance = self.cls()
+        instance._resetUid(metadata["uid"])
+        DefaultParamsReader.getAndSetParams(instance, metadata)
+        store = Store.create(path)
+        instance._model_bytes = store.read_bytes(store.join("model.bin")) or None
+        instance._history = metadata.get("history") or {}
+        instance._output_shapes = metadata.get("output_shapes")
+        return instance
+

@@ -1,0 +1,174 @@
+"""The estimators' Spark ML Params, each declared once with a doc and a converter.
+
+Names are Horovod's (``num_proc``, ``feature_cols``, ...), so a Horovod estimator
+ports by swapping the import.  Every param gets a camelCase getter and setter
+(``getFeatureCols`` / ``setFeatureCols``) generated from the one declaration;
+constructors take the same names as keywords and reject unknown ones.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Any, Callable, Dict, Iterable, Optional, Tuple
+
+from pyspark.ml.param import Param, Params, TypeConverters
+
+__all__ = ["EstimatorParams", "ModelParams"]
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _to_validation(value: Any) -> Any:
+    """A fraction in [0, 1) of the rows, or the name of a column that marks them."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"validation must be a fraction in [0, 1) or a column name, got {value!r}")
+    if not 0.0 <= float(value) < 1.0:
+        raise ValueError(f"validation fraction must be in [0, 1), got {value!r}")
+    return float(value)
+
+
+def _to_store(value: Any) -> Any:
+    from horovod_spark.estimator.store import Store
+
+    if value is None or isinstance(value, Store):
+        return value
+    if isinstance(value, str):
+        return Store.create(value)
+    raise TypeError(f"store must be a Store or a path, got {type(value).__name__}")
+
+
+def _to_list(value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return [value]
+
+
+def _to_optional_int(value: Any) -> Any:
+    return None if value is None else TypeConverters.toInt(value)
+
+
+def _to_positive_int(name: str) -> Callable[[Any], int]:
+    def convert(value: Any) -> int:
+        out = TypeConverters.toInt(value)
+        if out < 1:
+            raise ValueError(f"{name} must be at least 1, got {value!r}")
+        return out
+
+    return convert
+
+
+def _to_list_string(value: Any) -> Any:
+    return None if value is None else TypeConverters.toListString(_to_list(value))
+
+
+def _to_optional_string(value: Any) -> Any:
+    return None if value is None else TypeConverters.toString(value)
+
+
+# name: (doc, converter, default).  The one declaration of every param.
+_TRAINING: Dict[str, Tuple[str, Callable[[Any], Any], Any]] = {
+    "num_proc": ("number of ranks (barrier tasks); default: the default parallelism",
+                 _to_optional_int, None),
+    "model": ("the model to train (a torch.nn.Module or a Keras model)", _identity, None),
+    "optimizer": ("the optimizer: an instance bound to the model's parameters, or a "
+                  "factory called with the model's parameters (torch) / no arguments (Keras)",
+                  _identity, None),
+    "loss": ("loss function: callable(output, label), or one per label column",
+             _identity, None),
+    "metrics": ("metrics reported per epoch: callables(output, label) (torch) or Keras "
+                "metrics; names come from __name__ or a dict's keys", _identity, None),
+    "feature_cols": ("feature column names, one model input each", _to_list_string, None),
+    "label_cols": ("label column names, one model output each", _to_list_string, None),
+    "sample_weight_col": ("column of per-row loss weights", _to_optional_string, None),
+    "validation": ("fraction in [0, 1) of the rows held out for validation, or the name of "
+                   "a column that is true (non-zero) on validation rows", _to_validation, None),
+    "batch_size": ("rows per batch on each rank", _to_positive_int("batch_size"), 32),
+    "epochs": ("number of passes over the data set", _to_positive_int("epochs"), 1),
+    "callbacks": ("Keras callbacks (KerasEstimator); called on rank 0 only unless they "
+                  "are horovod_spark.keras callbacks", _to_list, None),
+    "store": ("where checkpoints and the run's files go: a Store or a path "
+              "(local, hdfs://, s3://, dbfs:/); default: a local temporary directory",
+              _to_store, None),
+    "run_id": ("name of the run under <store>/runs/; fitting again with the same run_id "
+               "resumes from its last checkpoint; default: a fresh id per fit",
+               _to_optional_string, None),
+    "shuffle": ("shuffle the rows of every rank each epoch", TypeConverters.toBoolean, True),
+    "transformation_fn": ("callable(batch: dict[str, numpy.ndarray]) -> dict applied to every "
+                          "batch on the ranks before training and validation", _identity, None),
+    "use_gpu": ("train on the rank's GPU when it has one", TypeConverters.toBoolean, True),
+    "backward_passes_per_step": ("batches whose gradients are accumulated locally before "
+                                 "one allreduce and optimizer step",
+                                 _to_positive_int("backward_passes_per_step"), 1),
+    "verbose": ("0: quiet; 1: one line per epoch on rank 0; 2: and per-rank data sizes",
+                TypeConverters.toInt, 1),
+    "random_seed": ("seed of the shuffles and of the validation split", TypeConverters.toInt, 0),
+}
+
+# Params a fitted Model carries (they are JSON and persist with the model).
+_MODEL: Dict[str, Tuple[str, Callable[[Any], Any], Any]] = {
+    "feature_cols": _TRAINING["feature_cols"],
+    "label_cols": _TRAINING["label_cols"],
+    "output_cols": ("prediction column names, one per label; default <label>__output",
+                    _to_list_string, None),
+    "batch_size": ("rows per prediction batch", _to_positive_int("batch_size"), 1024),
+    "run_id": ("the run this model came from", _to_optional_string, None),
+}
+
+
+def _camel(name: str) -> str:
+    return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
+
+
+def _declare(cls: type, table: Dict[str, Tuple[str, Callable[[Any], Any], Any]]) -> type:
+    """Attach one Param plus getX/setX per table entry to ``cls``."""
+    for name, (doc, converter, _) in table.items():
+        setattr(cls, name, Param(Params._dummy(), name, doc, typeConverter=converter))
+        camel = _camel(name)
+
+        def getter(self: Params, _name: str = name) -> Any:
+            return self.getOrDefault(_name)
+
+        def setter(self: Params, value: Any, _name: str = name) -> Params:
+            return self._set(**{_name: value})
+
+        getter.__doc__ = f"Gets {name}: {doc}."
+        setter.__doc__ = f"Sets {name}: {doc}."
+        setattr(cls, "get" + camel, getter)
+        setattr(cls, "set" + camel, setter)
+    cls._param_table = table
+    return cls
+
+
+class _TableParams(Params):
+    _param_table: Dict[str, Tuple[str, Callable[[Any], Any], Any]] = {}
+
+    def _init_params(self, kwargs: Dict[str, Any]) -> None:
+        unknown = sorted(set(kwargs) - set(self._param_table))
+        if unknown:
+            raise TypeError(
+                f"{type(self).__name__} got unknown parameter(s) {unknown}; "
+                f"it takes {sorted(self._param_table)}")
+        self._setDefault(**{k: d for k, (_, _, d) in self._param_table.items()})
+        self._set(**kwargs)
+
+    def param_values(self, names: Optional[Iterable[str]] = None) -> Dict[str, Any]:
+        """Every param's value (or default) by name."""
+        names = self._param_table if names is None else names
+        return {name: self.getOrDefault(name) for name in names}
+
+
+class EstimatorParams(_TableParams):
+    """Params shared by TorchEstimator and KerasEstimator."""
+
+
+class ModelParams(_TableParams):
+    """Params of a fitted TorchModel / KerasModel."""
+
+
+_declare(EstimatorParams, _TRAINING)
+_declare(ModelParams, _MODEL)
