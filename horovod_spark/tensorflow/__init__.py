@@ -1,0 +1,53 @@
+"""Horovod's TensorFlow API on horovod_spark: `import horovod_spark.tensorflow as hvd`.
+
+    hvd.init()
+    with tf.GradientTape() as tape:
+        loss = ...
+    tape = hvd.DistributedGradientTape(tape)
+    grads = tape.gradient(loss, model.trainable_variables)
+
+Works on TensorFlow 2.16+ with Keras 3, eagerly and inside tf.function (not
+inside XLA-compiled functions).  For Keras, see `horovod_spark.keras`.
+"""
+from __future__ import annotations
+
+from ._basics import (cross_rank, cross_size, init, is_initialized, local_rank, local_size, rank,
+                      shutdown, size)
+from .compression import Compression
+from .functions import (allgather_object, broadcast_global_variables, broadcast_object,
+                        broadcast_variables)
+from .gradient_tape import DistributedGradientTape
+from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allreduce, alltoall,
+                      barrier, broadcast, grouped_allreduce, join, local_rank_op, local_size_op,
+                      rank_op, reducescatter, size_op)
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+    "cross_rank", "cross_size", "Average", "Sum", "Min", "Max", "Product", "Adasum",
+    "allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
+    "barrier", "join", "size_op", "rank_op", "local_size_op", "local_rank_op",
+    "broadcast_variables", "broadcast_global_variables", "broadcast_object", "allgather_object",
+    "Compression", "DistributedGradientTape", "DistributedOptimizer",
+]
+
+
+def DistributedOptimizer(optimizer, name=None, device_dense: str = "", device_sparse: str = "",
+                         compression=Compression.none, sparse_as_dense: bool = False,
+                         backward_passes_per_step: int = 1, op=Average,
+                         gradient_predivide_factor: float = 1.0,
+                         average_aggregated_gradients: bool = False, num_groups: int = 0,
+                         groups=None):
+    """Wrap a Keras 3 optimizer (see horovod_spark.keras.DistributedOptimizer)."""
+    import keras
+
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(f"DistributedOptimizer wraps a Keras 3 optimizer (keras.optimizers.*), got "
+                        f"{type(optimizer).__name__}; TF1 tf.compat.v1.train optimizers are not "
+                        "supported, use DistributedGradientTape in a custom loop instead")
+    from ..keras.optimizer import DistributedOptimizer as _wrap
+
+    return _wrap(optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
+                 backward_passes_per_step=backward_passes_per_step, op=op,
+                 gradient_predivide_factor=gradient_predivide_factor,
+                 average_aggregated_gradients=average_aggregated_gradients,
+                 num_groups=num_groups, groups=groups)

@@ -1,0 +1,71 @@
+"""How a TensorFlow op reaches a numpy kernel (see `_kernels`).
+
+Eager: the kernel runs at once on the tensors' values.  Inside a tf.function:
+the kernel runs as a stateful `tf.numpy_function`, so TensorFlow keeps our ops
+in program order (every rank issues its collectives in one order) and never
+prunes them, and the outputs get their static shapes back with `set_shape`.
+numpy has no bfloat16 the communicator knows, so bfloat16 travels as float32
+(reduced in float32, rounded once on the way back).
+
+A *name* labels an op in errors and, with the fusion engine, matches it across
+ranks.  Without one, a traced op is named after its input tensor (the same on
+every rank that runs the same program, as in Horovod) and an eager op after
+its kind and a per-kind call count.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+__all__ = ["call", "op_name", "to_wire", "from_wire", "check_not_xla"]
+
+_counters: dict = {}
+
+
+def op_name(kind: str, tensor, name: Optional[str]) -> str:
+    """The name an op travels under."""
+    if name:
+        return str(name)
+    if not tf.executing_eagerly() and hasattr(tensor, "name"):
+        return f"{kind}.{tensor.name}"
+    counter = _counters.setdefault(kind, itertools.count())
+    return f"{kind}.noname.{next(counter)}"
+
+
+def to_wire(t: tf.Tensor) -> tf.Tensor:
+    return tf.cast(t, tf.float32) if t.dtype == tf.bfloat16 else t
+
+
+def from_wire(t: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+    return tf.cast(t, dtype) if t.dtype != dtype else t
+
+
+def check_not_xla(what: str) -> None:
+    """A Python kernel cannot run inside an XLA cluster: say so at trace time."""
+    from tensorflow.python.ops import control_flow_util
+
+    graph = tf.compat.v1.get_default_graph()
+    if not tf.executing_eagerly() and control_flow_util.GraphOrParentsInXlaContext(graph):
+        raise ValueError(f"{what} cannot run inside an XLA-compiled function; compile the model "
+                         "with jit_compile=False (model.compile(..., jit_compile=False)) or use "
+                         "tf.function without jit_compile")
+
+
+def call(kernel: Callable, inputs: Sequence[tf.Tensor], touts: Sequence[tf.DType],
+         shapes: Sequence, name: str) -> list:
+    """Run kernel(*numpy inputs) -> list of arrays, eagerly or as a graph op."""
+    if tf.executing_eagerly():
+        outs = kernel(*[np.asarray(t) for t in inputs])
+        return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, touts)]
+    check_not_xla(name)
+
+    def graph_kernel(*arrays):
+        return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(kernel(*arrays), touts)]
+
+    outs = tf.numpy_function(graph_kernel, list(inputs), list(touts), stateful=True)
+    for o, s in zip(outs, shapes):
+        o.set_shape(s)
+    return list(outs)

@@ -1,0 +1,90 @@
+"""Allreduce of a model's gradients: shared by DistributedGradientTape and the
+Keras DistributedOptimizer.
+
+Each gradient is named after its variable (`<prefix>.<index>.<variable path>`),
+which every rank derives the same way.  Dense gradients travel as *groups*: by
+default all of them as one fused op; `groups` (Horovod's argument) splits them
+into several.  tf.IndexedSlices are allgathered, or densified first with
+`sparse_as_dense`.  `gradient_predivide_factor` f splits Average's 1/size into
+a prescale of 1/f and a postscale of f/size.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import tensorflow as tf
+
+from . import _basics
+from .compression import Compression
+from .mpi_ops import Average, Sum, allreduce_dense, allreduce_sparse, resolve_op
+
+__all__ = ["GradientReducer"]
+
+
+def _label(v, i: int) -> str:
+    return str(getattr(v, "path", None) or getattr(v, "name", None) or f"var{i}")
+
+
+class GradientReducer:
+    """What to do with a list of gradients; built once per tape or optimizer."""
+
+    def __init__(self, prefix: str, compression=Compression.none, sparse_as_dense: bool = False,
+                 op=Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                 groups=None) -> None:
+        self.prefix = prefix
+        self.compression = compression
+        self.sparse_as_dense = bool(sparse_as_dense)
+        self.op = resolve_op(op, None)
+        if self.op not in (Average, Sum):
+            raise ValueError(f"{prefix}: gradients are reduced with Average or Sum, got "
+                             f"{self.op.name.lower()}")
+        if gradient_predivide_factor != 1.0 and self.op != Average:
+            raise ValueError(f"{prefix}: gradient_predivide_factor needs op=Average")
+        self.predivide = float(gradient_predivide_factor)
+        if groups is None and num_groups:
+            groups = int(num_groups)
+        if isinstance(groups, int) and groups < 0:
+            raise ValueError(f"{prefix}: groups must be >= 0, got {groups}")
+        self.groups = groups
+
+    def _scaling(self):
+        if self.op == Average and self.predivide != 1.0:
+            return Sum, 1.0 / self.predivide, self.predivide / _basics.size()
+        return self.op, 1.0, 1.0
+
+    def _partition(self, dense: list, variables) -> list:
+        """Lists of positions in `dense` that travel as one fused op each."""
+        if not self.groups:
+            return [dense] if dense else []
+        if isinstance(self.groups, int):
+            n = min(self.groups, len(dense)) or 1
+            return [dense[k::n] for k in range(n)]
+        where = {id(v): g for g, vs in enumerate(self.groups) for v in vs}
+        parts: dict = {}
+        for i in dense:
+            key = where.get(id(variables[i]), ("alone", i)) if variables is not None else 0
+            parts.setdefault(key, []).append(i)
+        return list(parts.values())
+
+    def reduce(self, grads: Sequence, variables: Optional[Sequence] = None) -> list:
+        """The reduced gradients, in order; None stays None."""
+        grads = list(grads)
+        labels = [f"{self.prefix}.{i}." + (_label(variables[i], i) if variables is not None else "g")
+                  for i in range(len(grads))]
+        op, pre, post = self._scaling()
+        out: list = [None] * len(grads)
+        dense = []
+        for i, g in enumerate(grads):
+            if g is None:
+                continue
+            if isinstance(g, tf.IndexedSlices) and not self.sparse_as_dense:
+                out[i] = allreduce_sparse(g, labels[i], op, pre, post)
+                continue
+            dense.append(i)
+        wires = {i: self.compression.compress(tf.convert_to_tensor(grads[i])) for i in dense}
+        for part in self._partition(dense, variables):
+            reduced = allreduce_dense([wires[i][0] for i in part], [labels[i] for i in part],
+                                      op, pre, post)
+            for i, r in zip(part, reduced):
+                out[i] = self.compression.decompress(r, wires[i][1])
+        return out

@@ -1,0 +1,55 @@
+"""Helpers over the ops: broadcast variables and Python objects, gather objects."""
+from __future__ import annotations
+
+import itertools
+from typing import Optional
+
+import tensorflow as tf
+
+from . import _kernels
+from .mpi_ops import broadcast_raw
+
+__all__ = ["broadcast_variables", "broadcast_global_variables", "broadcast_object",
+           "allgather_object"]
+
+_object_calls = itertools.count()
+
+
+def _var_label(i: int, v) -> str:
+    return f"broadcast_variables.{i}.{getattr(v, 'path', None) or getattr(v, 'name', 'var')}"
+
+
+def broadcast_variables(variables, root_rank: int = 0):
+    """Assign root_rank's values to `variables` on every rank, as one fused broadcast.
+
+    Returns:
+        None in eager mode; inside a tf.function, the op that groups the assignments.
+    """
+    variables = list(variables)
+    if not variables:
+        return None if tf.executing_eagerly() else tf.no_op()
+    values = [tf.convert_to_tensor(v) for v in variables]
+    new = broadcast_raw(values, [_var_label(i, v) for i, v in enumerate(variables)], int(root_rank))
+    assigns = [v.assign(n) for v, n in zip(variables, new)]
+    return None if tf.executing_eagerly() else tf.group(*assigns)
+
+
+def broadcast_global_variables(root_rank: int = 0):
+    """TensorFlow 1's graph collections do not exist in eager TensorFlow 2."""
+    raise RuntimeError("broadcast_global_variables() needs TF1 graph collections; use "
+                       "hvd.broadcast_variables(model.variables + optimizer.variables, root_rank) "
+                       "or the Keras BroadcastGlobalVariablesCallback")
+
+
+def _object_name(kind: str, name: Optional[str]) -> str:
+    return name or f"{kind}.noname.{next(_object_calls)}"
+
+
+def broadcast_object(obj, root_rank: int = 0, session=None, name: Optional[str] = None):
+    """root_rank's Python object on every rank (cloudpickle; eager mode)."""
+    return _kernels.broadcast_object(obj, int(root_rank), _object_name("broadcast_object", name))
+
+
+def allgather_object(obj, session=None, name: Optional[str] = None) -> list:
+    """Every rank's Python object, in rank order (eager mode)."""
+    return _kernels.allgather_object(obj, _object_name("allgather_object", name))

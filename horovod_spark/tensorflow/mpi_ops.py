@@ -1,0 +1,317 @@
+"""Collective ops on TensorFlow tensors, with Horovod's names, defaults and gradients.
+
+Each op runs one numpy kernel (`_kernels`) through `_bridge.call`, in eager
+mode or inside a tf.function, and carries the gradient Horovod defines:
+
+  allreduce      the upstream gradient allreduced with the same op and factors
+                 (Sum and Average; Min, Max and Product have none)
+  allgather      the gradient sum-allreduced, then this rank's rows
+  broadcast      the gradient sum-allreduced on the root, zeros elsewhere
+  alltoall       the gradient sent back along the received splits
+  reducescatter  the gradient allgathered, times the factors (and 1/size for Average)
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from collectives import NotSupported, ReduceOp
+
+from . import _basics, _kernels
+from ._bridge import call, from_wire, op_name, to_wire
+from .compression import Compression
+
+__all__ = ["Average", "Sum", "Min", "Max", "Product", "Adasum", "allreduce", "grouped_allreduce",
+           "allgather", "broadcast", "alltoall", "reducescatter", "barrier", "join",
+           "size_op", "rank_op", "local_size_op", "local_rank_op"]
+
+Average, Sum, Min, Max, Product = (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX,
+                                   ReduceOp.PRODUCT)
+Adasum = "adasum"  # Horovod's name; refused with a clear error
+
+
+def resolve_op(op, average, what: str = "allreduce") -> ReduceOp:
+    """Horovod's op/average rules: default Average; `average` is the deprecated spelling."""
+    if op is not None and average is not None:
+        raise ValueError(f"{what}: pass op or average, not both")
+    if op is None:
+        return Average if average is None or average else Sum
+    if isinstance(op, str) and op.lower() == "adasum":
+        raise NotSupported(f"{what}: Adasum is not supported by horovod_spark; use Average or Sum")
+    return ReduceOp(op)
+
+
+# -- allreduce -------------------------------------------------------------
+def _allreduce_raw(xs: Sequence[tf.Tensor], names, op: ReduceOp, pre: float, post: float) -> list:
+    wire = [to_wire(x) for x in xs]
+    outs = call(lambda *a: _kernels.allreduce_group(a, names, op, pre, post), wire,
+                [w.dtype for w in wire], [x.shape for x in xs], names[0])
+    return [from_wire(o, x.dtype) for o, x in zip(outs, xs)]
+
+
+def allreduce_dense(xs: Sequence[tf.Tensor], names: Sequence[str], op: ReduceOp,
+                    pre: float = 1.0, post: float = 1.0) -> list:
+    """One fused, differentiable allreduce of dense tensors."""
+    names = list(names)
+
+    @tf.custom_gradient
+    def fwd(*inputs):
+        ys = _allreduce_raw(inputs, names, op, pre, post)
+
+        def grad(*dys):
+            if op not in (Sum, Average):
+                raise NotImplementedError(f"allreduce '{names[0]}': no gradient for "
+                                          f"{op.name.lower()}, only for sum and average")
+            dys = [tf.zeros_like(y) if d is None else d for d, y in zip(dys, ys)]
+            return allreduce_dense(dys, [f"{n}.grad" for n in names], op, pre, post)
+
+        return ys, grad
+
+    if not xs:
+        return []
+    return list(fwd(*xs))
+
+
+def allreduce_sparse(slices: tf.IndexedSlices, name: str, op: ReduceOp,
+                     pre: float = 1.0, post: float = 1.0) -> tf.IndexedSlices:
+    """IndexedSlices reduced by allgathering values and indices (Horovod's way)."""
+    if op not in (Sum, Average):
+        raise ValueError(f"allreduce '{name}': tf.IndexedSlices support sum and average only, "
+                         f"got {op.name.lower()}; pass sparse_as_dense=True or a dense tensor")
+    values = allgather(slices.values, name=f"{name}.values")
+    indices = allgather(slices.indices, name=f"{name}.indices")
+    scale = pre * post / (_basics.size() if op == Average else 1)
+    if scale != 1.0:
+        values = values * tf.cast(scale, values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
+
+
+def allreduce(tensor, average=None, device_dense: str = "", device_sparse: str = "",
+              compression=Compression.none, op=None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, name: Optional[str] = None):
+    """Reduce `tensor` over every rank (default: Average); tf.IndexedSlices via allgather.
+
+    Args:
+        compression: Compression.none or Compression.fp16 (what travels on the wire).
+        op: Average, Sum, Min, Max or Product.
+        prescale_factor, postscale_factor: multiply before and after the reduction.
+        name: matches the op across ranks and labels it in errors.
+    """
+    op = resolve_op(op, average)
+    if isinstance(tensor, tf.IndexedSlices):
+        return allreduce_sparse(tensor, op_name("allreduce", tensor.values, name), op,
+                                prescale_factor, postscale_factor)
+    tensor = tf.convert_to_tensor(tensor)
+    wire, ctx = compression.compress(tensor)
+    out = allreduce_dense([wire], [op_name("allreduce", tensor, name)], op,
+                          prescale_factor, postscale_factor)[0]
+    return compression.decompress(out, ctx)
+
+
+def grouped_allreduce(tensors, average=None, device_dense: str = "", device_sparse: str = "",
+                      compression=Compression.none, op=None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0, name: Optional[str] = None) -> list:
+    """allreduce of a list of tensors as one fused op; returns them in order."""
+    op = resolve_op(op, average, "grouped_allreduce")
+    tensors = list(tensors)
+    base = name or op_name("grouped_allreduce", None, None)
+    out: list = [None] * len(tensors)
+    dense, wires, ctxs = [], [], []
+    for i, t in enumerate(tensors):
+        if isinstance(t, tf.IndexedSlices):
+            out[i] = allreduce_sparse(t, f"{base}.{i}", op, prescale_factor, postscale_factor)
+            continue
+        w, c = compression.compress(tf.convert_to_tensor(t))
+        dense.append(i), wires.append(w), ctxs.append(c)
+    reduced = allreduce_dense(wires, [f"{base}.{i}" for i in dense], op, prescale_factor,
+                              postscale_factor)
+    for i, r, c in zip(dense, reduced, ctxs):
+        out[i] = compression.decompress(r, c)
+    return out
+
+
+# -- allgather, broadcast --------------------------------------------------
+def _as_rows(tensor) -> tf.Tensor:
+    tensor = tf.convert_to_tensor(tensor)
+    return tf.reshape(tensor, [1]) if tensor.shape.rank == 0 else tensor
+
+
+def allgather(tensor, name: Optional[str] = None):
+    """Every rank's tensor concatenated along dim 0; first dims may differ."""
+    tensor = _as_rows(tensor)
+    name = op_name("allgather", tensor, name)
+
+    @tf.custom_gradient
+    def fwd(x):
+        w = to_wire(x)
+        y = call(lambda a: [_kernels.allgather(a, name)], [w], [w.dtype],
+                 [tf.TensorShape([None]).concatenate(x.shape[1:])], name)[0]
+
+        def grad(dy):
+            return _allgather_grad(dy, x, name)
+
+        return from_wire(y, x.dtype), grad
+
+    return fwd(tensor)
+
+
+def _allgather_grad(dy, x, name: str):
+    def kernel(g, rows):
+        total = _kernels.allreduce_group([g], [f"{name}.grad"], Sum)[0]
+        counts = _kernels.allgather(np.array([rows], np.int64), f"{name}.grad.rows")
+        start = int(counts[:_basics.rank()].sum())
+        return [total[start:start + int(rows)]]
+
+    w = to_wire(dy)
+    rows = tf.shape(x, out_type=tf.int64)[0]
+    return from_wire(call(kernel, [w, rows], [w.dtype], [x.shape], f"{name}.grad")[0], x.dtype)
+
+
+def broadcast(tensor, root_rank: int = 0, name: Optional[str] = None):
+    """root_rank's tensor, on every rank."""
+    tensor = tf.convert_to_tensor(tensor)
+    root = int(root_rank)
+    name = op_name("broadcast", tensor, name)
+
+    @tf.custom_gradient
+    def fwd(x):
+        y = broadcast_raw([x], [name], root)[0]
+
+        def grad(dy):
+            def kernel(g):
+                total = _kernels.allreduce_group([g], [f"{name}.grad"], Sum)[0]
+                return [total if _basics.rank() == root else np.zeros_like(total)]
+
+            w = to_wire(dy)
+            return from_wire(call(kernel, [w], [w.dtype], [x.shape], f"{name}.grad")[0], x.dtype)
+
+        return y, grad
+
+    return fwd(tensor)
+
+
+def broadcast_raw(xs: Sequence[tf.Tensor], names: Sequence[str], root: int) -> list:
+    """One fused broadcast of several tensors (no gradient)."""
+    wire = [to_wire(x) for x in xs]
+    outs = call(lambda *a: _kernels.broadcast_group(a, list(names), root), wire,
+                [w.dtype for w in wire], [x.shape for x in xs], names[0])
+    return [from_wire(o, x.dtype) for o, x in zip(outs, xs)]
+
+
+# -- alltoall, reducescatter -----------------------------------------------
+def alltoall(tensor, splits=None, name: Optional[str] = None):
+    """Rows splits[j] of `tensor` go to rank j (equal blocks without splits).
+
+    Returns:
+        (received rows, received splits) -- the splits as an int32 tensor.
+    """
+    tensor = _as_rows(tensor)
+    name = op_name("alltoall", tensor, name)
+    split_t = None if splits is None else tf.cast(tf.reshape(splits, [-1]), tf.int64)
+
+    @tf.custom_gradient
+    def fwd(x):
+        y, recv = _alltoall_raw(x, split_t, name)
+
+        def grad(dy, _drecv=None):
+            back, _ = _alltoall_raw(dy, tf.cast(recv, tf.int64), f"{name}.grad")
+            back.set_shape(x.shape)
+            return back
+
+        return (y, recv), grad
+
+    return fwd(tensor)
+
+
+def _alltoall_raw(x, splits, name):
+    w = to_wire(x)
+    ins = [w] if splits is None else [w, splits]
+
+    def kernel(a, s=None):
+        return list(_kernels.alltoall(a, None if s is None else [int(v) for v in s], name))
+
+    out, recv = call(kernel, ins, [w.dtype, tf.int32],
+                     [tf.TensorShape([None]).concatenate(x.shape[1:]), [_basics.size()]], name)
+    return from_wire(out, x.dtype), recv
+
+
+def _my_rows(rows: Optional[int]) -> Optional[int]:
+    if rows is None:
+        return None
+    base, rem = divmod(rows, _basics.size())
+    return base + (1 if _basics.rank() < rem else 0)
+
+
+def reducescatter(tensor, device_dense: str = "", compression=Compression.none, op=Average,
+                  name: Optional[str] = None, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0):
+    """Reduce over ranks, keep this rank's block of rows (the first ranks get one more)."""
+    op = resolve_op(op, None, "reducescatter")
+    if op not in (Sum, Average, Min, Max, Product):
+        raise ValueError(f"reducescatter: unknown op {op!r}")
+    tensor = _as_rows(tensor)
+    name = op_name("reducescatter", tensor, name)
+    pre, post = float(prescale_factor), float(postscale_factor)
+
+    @tf.custom_gradient
+    def fwd(x):
+        w, ctx = compression.compress(to_wire(x))
+        if pre != 1.0:
+            w = w * tf.cast(pre, w.dtype)
+        shape = tf.TensorShape([_my_rows(x.shape[0])]).concatenate(x.shape[1:])
+        y = call(lambda a: [_kernels.reducescatter(a, op, name)], [w], [w.dtype], [shape], name)[0]
+        if post != 1.0:
+            y = y * tf.cast(post, y.dtype)
+        y = from_wire(compression.decompress(y, ctx), x.dtype)
+
+        def grad(dy):
+            if op not in (Sum, Average):
+                raise NotImplementedError(f"reducescatter '{name}': no gradient for {op.name.lower()}")
+            g = allgather(dy, name=f"{name}.grad")
+            scale = pre * post / (_basics.size() if op == Average else 1)
+            g = g if scale == 1.0 else g * tf.cast(scale, g.dtype)
+            g.set_shape(x.shape)
+            return g
+
+        return y, grad
+
+    return fwd(tensor)
+
+
+# -- synchronization and constants ------------------------------------------
+def barrier():
+    """Return once every rank has reached barrier() (inside a tf.function: an op)."""
+    if tf.executing_eagerly():
+        _kernels.barrier()
+        return None
+
+    def kernel():
+        _kernels.barrier()
+        return [np.int32(0)]
+
+    return call(kernel, [], [tf.int32], [[]], "barrier")[0]
+
+
+def join() -> int:
+    """Stop contributing data: wait for every rank to join; returns the last rank to join."""
+    if not tf.executing_eagerly():
+        return call(lambda: [np.int32(_kernels.join())], [], [tf.int32], [[]], "join")[0]
+    return _kernels.join()
+
+
+def size_op():
+    return tf.constant(_basics.size(), tf.int32)
+
+
+def rank_op():
+    return tf.constant(_basics.rank(), tf.int32)
+
+
+def local_size_op():
+    return tf.constant(_basics.local_size(), tf.int32)
+
+
+def local_rank_op():
+    return tf.constant(_basics.local_rank(), tf.int32)
