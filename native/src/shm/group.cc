@@ -2,7 +2,9 @@
 #include "group.h"
 
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <sched.h>
+#include <sys/syscall.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -16,9 +18,23 @@
 namespace hvs {
 
 namespace {
-constexpr uint64_t kYieldNs = 2000000;       // yield for 2 ms after spinning, then nap
-constexpr uint64_t kMaxNapNs = 1000000;      // naps grow to 1 ms
-constexpr uint64_t kCheckEveryNs = 20000000;  // peer liveness every 20 ms
+constexpr uint64_t kYieldNs = 200000;         // yield for 0.2 ms after spinning, then sleep
+constexpr uint64_t kCheckEveryNs = 20000000;  // peer liveness every 20 ms, the longest sleep
+
+// The futex is the low 32 bits of the 64-bit phase counter (little endian).
+uint32_t* futex_word(const std::atomic<uint64_t>& phase) {
+  static_assert(sizeof(std::atomic<uint64_t>) == 8, "lock-free 64-bit atomics");
+  return reinterpret_cast<uint32_t*>(const_cast<std::atomic<uint64_t>*>(&phase));
+}
+
+void futex_sleep(const std::atomic<uint64_t>& phase, uint32_t seen, uint64_t ns) {
+  timespec ts{static_cast<time_t>(ns / 1000000000ull), static_cast<long>(ns % 1000000000ull)};
+  syscall(SYS_futex, futex_word(phase), FUTEX_WAIT, seen, &ts, nullptr, 0);
+}
+
+void futex_wake_all(const std::atomic<uint64_t>& phase) {
+  syscall(SYS_futex, futex_word(phase), FUTEX_WAKE, 0x7fffffff, nullptr, nullptr, 0);
+}
 
 // A zombie still answers kill(pid, 0); /proc tells it apart.
 bool process_alive(pid_t pid) {
@@ -67,7 +83,10 @@ void ShmGroup::end_step() {
 
 void ShmGroup::post() {
   ++phase_;
-  seg_->control(me_).phase.store(phase_, std::memory_order_release);
+  ShmControl& c = seg_->control(me_);
+  // seq_cst on both sides: either the sleeper sees the new phase, or we see it.
+  c.phase.store(phase_, std::memory_order_seq_cst);
+  if (c.waiters.load(std::memory_order_seq_cst) != 0) futex_wake_all(c.phase);
 }
 
 void ShmGroup::abort() { seg_->control(me_).aborted.store(1, std::memory_order_release); }
@@ -88,11 +107,11 @@ Status ShmGroup::wait_one(int local, uint64_t target) {
 }
 
 Status ShmGroup::wait_slow(int local, uint64_t target) {
-  const std::atomic<uint64_t>& flag = seg_->control(local).phase;
+  ShmControl& c = seg_->control(local);
   const uint64_t start = now_ns();
-  uint64_t last_check = start, nap = 20000;
+  uint64_t last_check = start;
   for (uint32_t i = 1;; ++i) {
-    if (flag.load(std::memory_order_acquire) >= target) return Status();
+    if (c.phase.load(std::memory_order_acquire) >= target) return Status();
     if (i % 64 != 0) {
       cpu_relax();
       continue;
@@ -109,11 +128,12 @@ Status ShmGroup::wait_slow(int local, uint64_t target) {
           .with_hint("is that process alive, and in the same collective?");
     if (waited < policy_.spin_ns + kYieldNs) {
       sched_yield();
-    } else {
-      sleep_ns(nap);
-      nap = nap * 2 > kMaxNapNs ? kMaxNapNs : nap * 2;
+      continue;
     }
-    i = 0;  // one clock read per yield or nap
+    c.waiters.fetch_add(1, std::memory_order_seq_cst);
+    uint64_t seen = c.phase.load(std::memory_order_seq_cst);
+    if (seen < target) futex_sleep(c.phase, static_cast<uint32_t>(seen), kCheckEveryNs);
+    c.waiters.fetch_sub(1, std::memory_order_seq_cst);
   }
 }
 

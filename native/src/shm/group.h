@@ -16,10 +16,12 @@
 // already, and the check is a few loads.
 //
 // Waiting: spin on the peer's counter (no syscall on the fast path) for
-// `spin_ns`, then sched_yield, then sleep in growing naps.  While yielding or
-// sleeping, every ~20 ms the peers' processes are checked (kill(pid, 0) and
-// /proc state) and their abort flags read, so a dead peer is reported in
-// milliseconds, not after the timeout.
+// `spin_ns`, then sched_yield for a little while (another local rank may need
+// this core), then sleep on a futex on the counter, which the peer wakes when
+// it posts and sees a sleeper (so posting costs no syscall unless someone
+// sleeps).  Sleeps last at most 20 ms: between them the peers' processes are
+// checked (kill(pid, 0) and /proc state) and their abort flags read, so a dead
+// peer is reported in milliseconds, not after the timeout.
 #pragma once
 
 #include <sys/types.h>

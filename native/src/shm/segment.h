@@ -22,7 +22,8 @@
 namespace hvs {
 
 struct alignas(128) ShmControl {
-  std::atomic<uint64_t> phase;    // phases this rank has posted, ever
+  std::atomic<uint64_t> phase;    // phases this rank has posted, ever (its low half is a futex)
+  std::atomic<uint32_t> waiters;  // ranks asleep on `phase`: the poster wakes them
   std::atomic<uint32_t> aborted;  // set when this rank gave up on an op
 };
 
