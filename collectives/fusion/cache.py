@@ -1,0 +1,71 @@
+"""The response cache: a bit per signature every rank has agreed on before.
+
+Horovod's fast path.  Once the ranks have negotiated a signature, it gets a
+*bit*: a slot in the coordination vector that every rank sets when it has a
+request with that exact signature pending.  The cache is changed only by
+negotiated outcomes, which every rank computes from the same data in the same
+order, so the caches (and the vector layout) are identical on every rank
+without ever being sent.
+
+One name has at most one entry: a new signature for a known name (a shape
+that changed, say) evicts the old entry; the freed bit is reused lowest
+first, so slots stay deterministic.  Past `capacity` entries, new signatures
+are simply not cached and go through full negotiation every time.
+"""
+from __future__ import annotations
+
+import heapq
+from typing import Dict, List, Optional
+
+from .request import Signature
+
+__all__ = ["ResponseCache"]
+
+
+class ResponseCache:
+    def __init__(self, capacity: int = 4096) -> None:
+        self.capacity = capacity
+        self._bit: Dict[Signature, int] = {}
+        self._by_name: Dict[str, Signature] = {}
+        self._slots: List[Optional[Signature]] = []
+        self._free: List[int] = []
+
+    def __len__(self) -> int:
+        """Number of bits in the coordination vector (free slots included)."""
+        return len(self._slots)
+
+    def bit(self, sig: Signature) -> Optional[int]:
+        return self._bit.get(sig)
+
+    def at(self, bit: int) -> Signature:
+        sig = self._slots[bit]
+        if sig is None:
+            raise AssertionError(f"response cache bit {bit} is free but was reported ready; "
+                                 "the ranks' caches diverged")
+        return sig
+
+    def by_name(self, name: str) -> Optional[Signature]:
+        return self._by_name.get(name)
+
+    def put(self, sig: Signature) -> None:
+        if sig in self._bit:
+            return
+        self.evict(sig.name)
+        if self._free:
+            bit = heapq.heappop(self._free)
+        elif len(self._slots) < self.capacity:
+            bit = len(self._slots)
+            self._slots.append(None)
+        else:
+            return
+        self._slots[bit] = sig
+        self._bit[sig] = bit
+        self._by_name[sig.name] = sig
+
+    def evict(self, name: str) -> None:
+        old = self._by_name.pop(name, None)
+        if old is None:
+            return
+        bit = self._bit.pop(old)
+        self._slots[bit] = None
+        heapq.heappush(self._free, bit)

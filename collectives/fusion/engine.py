@@ -1,0 +1,369 @@
+"""FusionEngine: named async ops, agreed across ranks and fused, in a background thread.
+
+Terms.  A *submission* is one call of `submit` (any thread); it becomes a
+*request* (request.py) that waits in the *pending* table of this rank.  A
+*cycle* is one pass of the engine's thread, every `cycle_time_ms`:
+
+1. drain the submissions;
+2. *coordinate*: one small allreduce of the coordination vector
+   (coordinator.py) tells every rank which cached signatures are pending on
+   every rank, who has joined, who is shutting down, who has something new;
+3. *negotiate*, only when some rank has new signatures: one allgather of
+   their metadata into the message table (table.py), where readiness and
+   mismatches are decided identically on every rank; agreed signatures enter
+   the response cache (cache.py), so the next time they cost one bit;
+4. *execute* the agreed ops in one deterministic order (executor.py);
+5. finish joins, report stalls, stop on shutdown.
+
+When a cycle shows no work on any rank, the thread sleeps until a local
+submission (or a heartbeat of IDLE_S, so peers with work never wait long and
+a stall is still reported), then gives a burst of submissions one cycle time
+to gather before it coordinates.
+
+Failure: an exception in the engine's thread (a lost peer, a timeout) fails
+every pending handle with that cause; later submissions raise it at once.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Dict, List, Optional
+
+from ..errors import CollectiveError, CollectiveTimeout, MismatchError, describe
+from ..types import ReduceOp
+from . import coordinator as C
+from .cache import ResponseCache
+from .executor import Executor
+from .handle import Handle
+from .request import Request, Signature, make_request
+from .table import MessageTable
+from .timeline import Timeline
+
+__all__ = ["FusionEngine"]
+
+log = logging.getLogger("collectives.fusion")
+
+IDLE_S = 0.02
+_METRICS = ("cycles", "negotiations", "tensors", "allreduce_tensors", "allreduce_bytes",
+            "fused_buffers", "collectives", "collective_s", "coordination_s")
+
+
+class FusionEngine:
+    """Named async collectives over `comm`, negotiated and fused in a background thread."""
+
+    def __init__(self, comm, config=None) -> None:
+        self._comm = comm
+        self._config = config if config is not None else comm.config
+        self.rank, self.size = comm.rank, comm.size
+        self._cycle_s = self._config.cycle_time_ms / 1000.0
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._queue: list = []
+        self._names: set = set()
+        self._pending: Dict[str, Request] = {}
+        self._layout = C.Layout(self.size)
+        self._cache = ResponseCache()
+        self._table = MessageTable(self.size)
+        self._metrics: Dict[str, float] = dict.fromkeys(_METRICS, 0)
+        timeline = None
+        if self._config.timeline and self.rank == 0:
+            timeline = Timeline(self._config.timeline, self.rank)
+        self._executor = Executor(comm, self._config.fusion_threshold, timeline, self._metrics,
+                                  self._done)
+        self._joined, self._join_handles, self._join_first = False, [], {}
+        self._last_joined = (False,) * self.size
+        self._shutdown_requested = False
+        self._stopped: Optional[tuple] = None  # (error class, text, cause)
+        self._cycle_no, self._cycle_start = 0, time.perf_counter()
+        self._next_stall_probe = self._last_stall_report = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, name=f"fusion-engine-r{self.rank}",
+                                        daemon=True)
+        self._thread.start()
+
+    # -- public API ------------------------------------------------------------
+    def submit(self, name: str, kind: str, buffer=None, out=None, op=ReduceOp.SUM,
+               prescale: float = 1.0, postscale: float = 1.0, root: int = 0,
+               splits=None, dtype=None) -> Handle:
+        """Queue one named op; returns its Handle (wait/poll).
+
+        kind: allreduce, allgather, broadcast, alltoall, reducescatter, barrier or join.
+        out: None (a new result), `buffer` itself (in place) or another tensor of its shape.
+        dtype: the logical DType of a numpy buffer whose storage dtype differs (bfloat16).
+
+        Raises:
+            ValueError, TypeError: invalid arguments, or `name` is already pending.
+            CollectiveError: the engine has stopped (with the cause).
+        """
+        if kind == "join":
+            return self._submit_join()
+        req = make_request(name, kind, buffer, out, op, prescale, postscale, root, splits,
+                           dtype, self.rank, self.size)
+        with self._lock:
+            if self._stopped is not None:
+                self._raise_if_stopped(req.sig.kind, req.sig.tensor())
+            if name in self._names:
+                raise ValueError(f"{kind} '{name}' on rank {self.rank}/{self.size}: an op with this "
+                                 "name is already pending; wait for it or use another name")
+            self._names.add(name)
+            self._queue.append(req)
+        self._wake.set()
+        return req.handle
+
+    def join(self, timeout: Optional[float] = None) -> int:
+        """Block until every rank has joined; joined ranks contribute zeros meanwhile.
+
+        Returns the rank that joined last.
+        """
+        return self._submit_join().wait(timeout)
+
+    def shutdown(self, timeout: Optional[float] = None) -> None:
+        """Stop the engine on every rank (the others stop at their next cycle)."""
+        with self._lock:
+            self._shutdown_requested = True
+        self._wake.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(self._config.timeout + 5.0 if timeout is None else timeout)
+        if self._thread.is_alive():
+            self._stop(CollectiveTimeout, "the fusion engine did not stop within the timeout "
+                       "(a peer may be gone)", None)
+
+    def metrics(self, reset: bool = False) -> dict:
+        """Counters since the start or the last reset: cycles, tensors, bytes, seconds."""
+        out = dict(self._metrics)
+        if reset:
+            for key in _METRICS:
+                self._metrics[key] = 0
+        return out
+
+    def start_timeline(self, path: str) -> None:
+        """Start writing a Chrome-trace timeline to path (rank 0 only; others ignore it)."""
+        if self.rank == 0:
+            self.stop_timeline()
+            self._executor.timeline = Timeline(path, self.rank)
+
+    def stop_timeline(self) -> None:
+        tl, self._executor.timeline = self._executor.timeline, None
+        if tl is not None:
+            tl.close()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped is not None
+
+    # -- submission side -------------------------------------------------------
+    def _submit_join(self) -> Handle:
+        handle = Handle("join", "join", self.rank, self.size)
+        with self._lock:
+            self._raise_if_stopped("join", "join")
+            self._queue.append(handle)
+        self._wake.set()
+        return handle
+
+    def _raise_if_stopped(self, kind: str, tensor: str) -> None:
+        if self._stopped is not None:
+            cls, text, cause = self._stopped
+            raise cls(describe(text, rank=self.rank, size=self.size, op=kind, tensor=tensor)) from cause
+
+    # -- the engine's thread ---------------------------------------------------
+    def _run(self) -> None:
+        busy = False
+        try:
+            while self._stopped is None:
+                self._wait(busy)
+                busy = self._cycle()
+        except BaseException as exc:  # the cause goes to every waiting handle
+            log.debug("fusion engine on rank %d stopped: %r", self.rank, exc)
+            cls = type(exc) if isinstance(exc, CollectiveError) else CollectiveError
+            self._stop(cls, f"the fusion engine stopped after a failure: {type(exc).__name__}: {exc}",
+                       exc)
+        finally:
+            self.stop_timeline()
+
+    def _wait(self, busy: bool) -> None:
+        if busy:
+            delay = self._cycle_s - (time.perf_counter() - self._cycle_start)
+            if delay > 0:
+                time.sleep(delay)
+        else:
+            self._wake.clear()
+            idle = not (self._queue or self._pending or self._joined or self._shutdown_requested)
+            if idle and self._wake.wait(IDLE_S) and self._cycle_s > 0:
+                time.sleep(self._cycle_s)  # let a burst of submissions gather
+        self._cycle_start = time.perf_counter()
+
+    def _cycle(self) -> bool:
+        t0 = time.perf_counter()
+        self._cycle_no += 1
+        self._drain()
+        vec, payload = self._vector()
+        self._comm.allreduce(vec, out=vec, name="fusion.coordinate")
+        res = self._layout.parse(vec)
+        ready = [self._cache.at(bit) for bit in res.ready_bits]
+        errors: list = []
+        if res.negotiate or res.joined != self._last_joined:
+            errors = self._negotiate(payload, res, ready)
+        self._last_joined = res.joined
+        t1 = time.perf_counter()
+        self._metrics["cycles"] += 1
+        self._metrics["coordination_s"] += t1 - t0
+        self._executor.run([(sig, self._take(sig, t1)) for sig in ready], res.joined)
+        for req, err in errors:
+            self._done(req, None, err)
+        self._after_join(res)
+        if res.stall:
+            self._stall_report(res)
+        if res.shutdown:
+            self._stop(CollectiveError, f"the fusion engine was shut down by rank(s) "
+                       f"{list(res.shutdown)}", None)
+        return bool(res.active or res.negotiate or any(res.joined) or len(self._table)
+                    or self._pending)
+
+    def _drain(self) -> None:
+        with self._lock:
+            queue, self._queue = self._queue, []
+        for item in queue:
+            if isinstance(item, Handle):
+                self._joined = True
+                self._join_handles.append(item)
+            else:
+                self._pending[item.name] = item
+
+    def _vector(self):
+        vec = self._layout.vector(self.rank, len(self._cache), stall=self._stall_due(),
+                                  joined=self._joined, shutdown=self._shutdown_requested, announce=0)
+        base, new = self._layout.bits, []
+        for req in self._pending.values():
+            bit = self._cache.bit(req.sig)
+            if bit is not None:
+                vec[base + bit] = C.DATA
+                continue
+            other = self._cache.by_name(req.name)
+            if self._joined and other is not None:  # do not vouch for a signature we do not hold
+                vec[base + self._cache.bit(other)] = 0
+            if not req.announced:
+                req.announced = True
+                new.append(req.sig)
+        payload = C.encode(new)
+        vec[1 + 2 * self.size + self.rank] = len(payload)
+        return vec, payload
+
+    def _negotiate(self, payload: bytes, res: C.CycleResult, ready: List[Signature]) -> list:
+        """Fold the announcements into the table; extends `ready`; returns local errors."""
+        errors = []
+        if res.negotiate:
+            self._metrics["negotiations"] += 1
+            for r, sigs in enumerate(C.gather_announcements(self._comm, payload, res.announce)):
+                for sig in sigs:
+                    self._cache.evict(sig.name)  # a new signature for a cached name replaces it
+                    text = self._table.add(r, sig)
+                    if text is not None and r == self.rank:
+                        errors.append(self._mismatch(sig.name, text))
+        agreed, mismatches = self._table.resolve(res.joined)
+        for sig in agreed:
+            self._cache.put(sig)
+        ready.extend(agreed)
+        for name, text, ranks in mismatches:
+            if self.rank in ranks:
+                errors.append(self._mismatch(name, text))
+        return [e for e in errors if e[0] is not None]
+
+    def _mismatch(self, name: str, text: str) -> tuple:
+        req = self._pending.pop(name, None)
+        kind = req.sig.kind if req is not None else None
+        return req, MismatchError(describe(
+            text, rank=self.rank, size=self.size, op=kind,
+            hint="every rank must submit a name with one kind, dtype, shape, op and root"))
+
+    def _take(self, sig: Signature, now: float) -> Optional[Request]:
+        req = self._pending.get(sig.name)
+        if req is not None and req.sig == sig:
+            del self._pending[sig.name]
+            req.t_ready = now
+            return req
+        if self._joined:
+            return None
+        raise AssertionError(describe(
+            f"internal error: {sig.tensor()} was agreed ready but this rank holds "
+            f"{req.sig.brief() if req else 'no request for it'}", rank=self.rank, size=self.size))
+
+    def _done(self, req: Request, result, error: Optional[BaseException]) -> None:
+        with self._lock:
+            self._names.discard(req.name)
+        self._metrics["tensors"] += 1
+        req.handle._finish(result, error)
+
+    def _after_join(self, res: C.CycleResult) -> None:
+        for r in range(self.size):
+            if res.joined[r]:
+                self._join_first.setdefault(r, (self._cycle_no, r))
+        if not all(res.joined):
+            return
+        last = max(self._join_first.values())[1]
+        handles, self._join_handles = self._join_handles, []
+        self._joined, self._join_first = False, {}
+        for handle in handles:
+            handle._finish(last)
+
+    # -- stalls ----------------------------------------------------------------
+    def _stall_due(self) -> bool:
+        limit = self._config.stall_check_time
+        if limit <= 0 or not self._pending:
+            return False
+        now = time.perf_counter()
+        if now < self._next_stall_probe:
+            return False
+        self._next_stall_probe = now + min(1.0, limit / 2)
+        oldest = min(req.t_submit for req in self._pending.values())
+        return now - oldest >= limit and now - self._last_stall_report >= limit
+
+    def _stall_report(self, res: C.CycleResult) -> None:
+        now = self._last_stall_report = time.perf_counter()
+        mine = [[req.name, req.sig.tensor(), req.sig.kind, now - req.t_submit]
+                for req in self._pending.values()]
+        holders: Dict[str, dict] = {}
+        for r, items in enumerate(C.gather_json(self._comm, mine, "fusion.stall")):
+            for name, tensor, kind, age in items:
+                holders.setdefault(name, {})[r] = (tensor, kind, age)
+        for name, by_rank in holders.items():
+            age = max(v[2] for v in by_rank.values())
+            missing = [r for r in range(self.size) if r not in by_rank and not res.joined[r]]
+            if missing and age >= self._config.stall_check_time:
+                self._stalled(name, by_rank, missing, age)
+
+    def _stalled(self, name: str, by_rank: dict, missing: list, age: float) -> None:
+        tensor, kind, _ = next(iter(by_rank.values()))
+        text = (f"stalled for {age:.1f} s: submitted by ranks {sorted(by_rank)}, "
+                f"not yet by ranks {missing}")
+        hint = ("a rank skipped this op or runs fewer steps; hvd.join() ends uneven loops")
+        if self.rank in by_rank:
+            log.warning(describe(text, rank=self.rank, size=self.size, op=kind, tensor=tensor, hint=hint))
+        limit = self._config.stall_shutdown_time
+        if limit > 0 and age >= limit:
+            self._table.drop(name)
+            req = self._pending.pop(name, None)
+            if req is not None:
+                self._done(req, None, CollectiveTimeout(describe(
+                    text, rank=self.rank, size=self.size, op=kind, tensor=tensor,
+                    timeout=limit, hint="HOROVOD_STALL_SHUTDOWN_TIME_SECONDS was reached")))
+
+    # -- stopping --------------------------------------------------------------
+    def _stop(self, cls, text: str, cause: Optional[BaseException]) -> None:
+        with self._lock:
+            if self._stopped is None:
+                self._stopped = (cls, text, cause)
+            queue, self._queue = self._queue, []
+        cls, text, cause = self._stopped
+        reqs = list(self._pending.values()) + [q for q in queue if isinstance(q, Request)]
+        self._pending = {}
+        for req in reqs:
+            err = cls(describe(f"failed: {text}", rank=self.rank, size=self.size,
+                               op=req.sig.kind, tensor=req.sig.tensor()))
+            err.__cause__ = cause
+            self._done(req, None, err)
+        joins = self._join_handles + [q for q in queue if isinstance(q, Handle)]
+        self._join_handles = []
+        for handle in joins:
+            err = cls(describe(f"failed: {text}", rank=self.rank, size=self.size, op="join"))
+            err.__cause__ = cause
+            handle._finish(None, err)

@@ -1,0 +1,324 @@
+"""Running the ops every rank agreed on, in the same order on every rank.
+
+A *response* is one agreed signature with this rank's request for it (None
+on a rank that has joined: it takes part with zeros).  Allreduce responses
+are bucketed by (dtype, reduce op) in the order they were agreed; a bucket
+is cut into *fusion groups* of at most `fusion_threshold` bytes.  A group of
+several tensors is *packed* into the fusion buffer (one reusable array per
+storage dtype; the prescale factor is applied while copying in), reduced by
+one collective in place, and *unpacked* (the postscale factor is applied
+while copying out).  AVERAGE is SUM with a postscale of 1/size.  bfloat16
+is packed widened to float32 (the communicator's numpy path has no
+bfloat16), so its sums are also more accurate.  A group of one CPU tensor
+skips the copies; CUDA tensors go to the communicator one by one.
+
+The other kinds run one collective each.  Errors that every rank can derive
+from the agreed data (a broadcast root that has joined) finish the handles
+without any communication, so no rank waits for a collective the others skip.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ..errors import NotSupported, describe
+from ..types import DType, ReduceOp, numpy_of_dtype
+from .request import Request, Signature
+
+__all__ = ["Executor"]
+
+Response = Tuple[Signature, Optional[Request]]
+_BF16 = int(DType.BFLOAT16)
+
+
+def _storage(dtype: int) -> np.dtype:
+    return np.dtype(np.float32) if dtype == _BF16 else numpy_of_dtype(DType(dtype))
+
+
+def _movable(flat: np.ndarray, dtype: int) -> np.ndarray:
+    """A view the communicator can move without reducing (bfloat16 travels as int16)."""
+    return flat.view(np.int16) if dtype == _BF16 else flat
+
+
+def _scale(x: np.ndarray, factor: float) -> None:
+    if factor != 1.0:
+        np.multiply(x, np.float32(factor) if x.dtype == np.float16 else factor, out=x,
+                    casting="unsafe")
+
+
+def _pack(dst: np.ndarray, req: Optional[Request], sig: Signature) -> None:
+    if req is None:
+        dst.fill(0)
+        return
+    src = req.buf.flat
+    if sig.dtype == _BF16:
+        u = dst.view(np.uint32)
+        u[...] = src
+        np.left_shift(u, 16, out=u)
+    else:
+        np.copyto(dst, src)
+    _scale(dst, sig.prescale)
+
+
+def _narrow_bf16(src: np.ndarray, out: np.ndarray) -> None:
+    u = src.view(np.uint32)
+    nan = np.isnan(src)
+    u += ((u >> 16) & 1) + np.uint32(0x7FFF)
+    np.right_shift(u, 16, out=u)
+    out[...] = u
+    if nan.any():
+        out[nan] = 0x7FC0
+
+
+class Executor:
+    def __init__(self, comm, threshold: int, timeline, metrics: Dict[str, float],
+                 done: Callable[[Request, object, Optional[BaseException]], None]) -> None:
+        self._comm, self._threshold = comm, threshold
+        self.timeline, self._metrics, self._done = timeline, metrics, done
+        self._rank, self._size = comm.rank, comm.size
+        self._buffers: Dict[np.dtype, np.ndarray] = {}
+
+    # -- dispatch ------------------------------------------------------------
+    def run(self, responses: List[Response], joined: tuple) -> None:
+        buckets: Dict[tuple, list] = {}
+        others: List[Response] = []
+        anyone_joined = any(joined)
+        for sig, req in responses:
+            error = self._derived_error(sig, joined) if anyone_joined else None
+            if error is not None:
+                if req is not None:
+                    self._done(req, None, error)
+            elif sig.kind == "allreduce":
+                self._bucket(buckets, sig, req)
+            else:
+                others.append((sig, req))
+        for groups in buckets.values():
+            for group, _ in groups:
+                self._allreduce_group(group)
+        for sig, req in others:
+            getattr(self, f"_{sig.kind}")(sig, req)
+
+    def _bucket(self, buckets, sig: Signature, req) -> None:
+        op = ReduceOp.SUM if sig.op == ReduceOp.AVERAGE else ReduceOp(sig.op)
+        groups = buckets.setdefault((sig.dtype, int(op), sig.device), [])
+        nbytes = sig.count * _storage(sig.dtype).itemsize
+        if not groups or sig.device != "cpu" or groups[-1][1] + nbytes > self._threshold:
+            groups.append([[], 0])
+        groups[-1][0].append((sig, req))
+        groups[-1][1] += nbytes
+
+    def _derived_error(self, sig: Signature, joined: tuple) -> Optional[BaseException]:
+        who = [r for r in range(self._size) if joined[r]]
+        if not who:
+            return None
+        text = None
+        if sig.kind == "broadcast" and joined[sig.root]:
+            text = f"the broadcast root, rank {sig.root}, has joined"
+        elif sig.kind == "alltoall":
+            text = f"alltoall cannot run while ranks {who} have joined"
+        elif sig.device != "cpu":
+            text = f"joined ranks cannot take part in a {sig.device} op (ranks {who} have joined)"
+        if text is None:
+            return None
+        return NotSupported(describe(text, rank=self._rank, size=self._size, op=sig.kind,
+                                     tensor=sig.tensor(), hint="finish every op before join()"))
+
+    # -- allreduce -------------------------------------------------------------
+    def _fusion_buffer(self, dtype: np.dtype, n: int) -> np.ndarray:
+        buf = self._buffers.get(dtype)
+        if buf is None or buf.size < n:
+            buf = self._buffers[dtype] = np.empty(max(n, 2 * (0 if buf is None else buf.size)), dtype)
+        return buf[:n]
+
+    def _result_flat(self, req: Request, sig: Signature) -> np.ndarray:
+        if req.out is not None:
+            return req.out.flat
+        return np.empty(sig.count, numpy_of_dtype(DType(sig.dtype)))
+
+    def _finish_allreduce(self, req: Request, sig: Signature, flat: np.ndarray) -> None:
+        if req.out is not None:
+            self._done(req, req.out.source, None)
+        else:
+            self._done(req, req.buf.wrap(flat.reshape(sig.shape)), None)
+
+    def _allreduce_group(self, group: List[Response]) -> None:
+        sig0 = group[0][0]
+        op = ReduceOp.SUM if sig0.op == ReduceOp.AVERAGE else ReduceOp(sig0.op)
+        if sig0.device != "cpu":
+            return self._allreduce_device(sig0, group[0][1], op)
+        if len(group) == 1 and sig0.dtype != _BF16:
+            return self._allreduce_single(sig0, group[0][1], op)
+        t0 = time.perf_counter()
+        total = sum(sig.count for sig, _ in group)
+        fused = self._fusion_buffer(_storage(sig0.dtype), total)
+        offsets = self._pack_group(fused, group)
+        t1 = time.perf_counter()
+        self._comm.allreduce(fused, out=fused, op=op, name=f"fusion.{sig0.name}+{len(group) - 1}")
+        t2 = time.perf_counter()
+        for (sig, req), off in zip(group, offsets):
+            if req is not None:
+                self._unpack(fused[off:off + sig.count], req, sig)
+        t3 = time.perf_counter()
+        self._account(group, total * fused.itemsize, (t0, t1, t2, t3))
+
+    @staticmethod
+    def _pack_group(fused: np.ndarray, group: List[Response]) -> List[int]:
+        """Copy every member into the fusion buffer; returns their offsets."""
+        offsets, off = [], 0
+        for sig, _ in group:
+            offsets.append(off)
+            off += sig.count
+        if all(req is not None and sig.prescale == 1.0 for sig, req in group) and \
+                group[0][0].dtype != _BF16:
+            np.concatenate([req.buf.flat for _, req in group], out=fused)  # one call, no loop
+            return offsets
+        for (sig, req), off in zip(group, offsets):
+            _pack(fused[off:off + sig.count], req, sig)
+        return offsets
+
+    def _unpack(self, part: np.ndarray, req: Request, sig: Signature) -> None:
+        post = sig.postscale / self._size if sig.op == ReduceOp.AVERAGE else sig.postscale
+        dst = self._result_flat(req, sig)
+        if sig.dtype == _BF16:
+            _scale(part, post)
+            _narrow_bf16(part, dst)
+        elif post != 1.0:
+            np.multiply(part, np.float32(post) if part.dtype == np.float16 else post, out=dst,
+                        casting="unsafe")
+        else:
+            np.copyto(dst, part)
+        self._finish_allreduce(req, sig, dst)
+
+    def _allreduce_single(self, sig: Signature, req: Optional[Request], op: ReduceOp) -> None:
+        t0 = time.perf_counter()
+        post = sig.postscale / self._size if sig.op == ReduceOp.AVERAGE else sig.postscale
+        if req is None:
+            src = dst = np.zeros(sig.count, numpy_of_dtype(DType(sig.dtype)))
+        else:
+            src, dst = req.buf.flat, self._result_flat(req, sig)
+        self._comm.allreduce(src, out=src if dst is src else dst, op=op, prescale=sig.prescale,
+                             postscale=post, name=sig.name)
+        t1 = time.perf_counter()
+        if req is not None:
+            self._finish_allreduce(req, sig, dst)
+        self._account([(sig, req)], sig.nbytes, (t0, t0, t1, t1))
+
+    def _allreduce_device(self, sig: Signature, req: Optional[Request], op: ReduceOp) -> None:
+        t0 = time.perf_counter()
+        post = sig.postscale / self._size if sig.op == ReduceOp.AVERAGE else sig.postscale
+        out = req.out.source if req.out is not None else None
+        result = self._comm.allreduce(req.buf.source, out=out, op=op, prescale=sig.prescale,
+                                      postscale=post, name=sig.name)
+        t1 = time.perf_counter()
+        self._done(req, result, None)
+        self._account([(sig, req)], sig.nbytes, (t0, t0, t1, t1))
+
+    def _account(self, group: List[Response], nbytes: int, times: tuple) -> None:
+        m = self._metrics
+        m["allreduce_tensors"] += len(group)
+        m["allreduce_bytes"] += nbytes
+        m["collectives"] += 1
+        m["collective_s"] += times[2] - times[1]
+        if len(group) > 1:
+            m["fused_buffers"] += 1
+        if self.timeline is not None:
+            self._trace(group, times)
+
+    def _trace(self, group: List[Response], times: tuple) -> None:
+        t0, t1, t2, t3 = times
+        tl, fused = self.timeline, len(group) > 1
+        for sig, req in group:
+            if req is None:
+                continue
+            args = {"fused": len(group)} if fused else None
+            tl.span(sig.name, "NEGOTIATE", req.t_submit, req.t_ready)
+            tl.span(sig.name, "QUEUE", req.t_ready, t0)
+            if fused:
+                tl.span(sig.name, "MEMCPY_IN_FUSION_BUFFER", t0, t1)
+            tl.span(sig.name, sig.kind.upper(), t1, t2, args)
+            if fused:
+                tl.span(sig.name, "MEMCPY_OUT_FUSION_BUFFER", t2, t3)
+
+    # -- the other kinds -----------------------------------------------------
+    def _timed(self, sig: Signature, req: Optional[Request], fn):
+        t0 = time.perf_counter()
+        result = fn()
+        t1 = time.perf_counter()
+        self._metrics["collectives"] += 1
+        self._metrics["collective_s"] += t1 - t0
+        if self.timeline is not None and req is not None:
+            self.timeline.span(sig.name, "NEGOTIATE", req.t_submit, req.t_ready)
+            self.timeline.span(sig.name, "QUEUE", req.t_ready, t0)
+            self.timeline.span(sig.name, sig.kind.upper(), t0, t1)
+        return result
+
+    def _zeros(self, sig: Signature, rows: Optional[int] = None) -> np.ndarray:
+        shape = sig.shape if rows is None else (rows,) + sig.shape[1:]
+        return np.zeros(shape, numpy_of_dtype(DType(sig.dtype)))
+
+    def _allgather(self, sig: Signature, req: Optional[Request]) -> None:
+        if req is not None and req.buf.kind == "cuda":
+            return self._done(req, self._timed(sig, req, lambda: self._comm.allgather(
+                req.buf.source, name=sig.name)), None)
+        x = self._zeros(sig, 0) if req is None else req.buf.flat.reshape(sig.shape)
+        out = self._timed(sig, req, lambda: self._comm.allgather(_movable(x, sig.dtype), name=sig.name))
+        if req is not None:
+            out = np.asarray(out).view(x.dtype)
+            self._done(req, req.buf.wrap(out), None)
+
+    def _broadcast(self, sig: Signature, req: Optional[Request]) -> None:
+        if req is not None and req.buf.kind == "cuda":
+            target = req.buf.source if req.out is None else req.out.source
+            if req.out is None:
+                target = target.clone()
+            elif target is not req.buf.source:
+                target.copy_(req.buf.source)
+            self._timed(sig, req, lambda: self._comm.broadcast(target, root=sig.root, name=sig.name))
+            return self._done(req, target, None)
+        if req is None:
+            flat = self._zeros(sig).reshape(-1)
+        elif req.out is None:
+            flat = req.buf.flat.copy()
+        else:
+            flat = req.out.flat
+            if flat is not req.buf.flat:
+                np.copyto(flat, req.buf.flat)
+        self._timed(sig, req, lambda: self._comm.broadcast(_movable(flat, sig.dtype), root=sig.root,
+                                                           name=sig.name))
+        if req is not None:
+            result = req.out.source if req.out is not None else req.buf.wrap(flat.reshape(sig.shape))
+            self._done(req, result, None)
+
+    def _reducescatter(self, sig: Signature, req: Optional[Request]) -> None:
+        if req is None:
+            x = np.zeros(sig.count, _storage(sig.dtype))
+        elif sig.dtype == _BF16 or sig.prescale != 1.0:
+            x = np.empty(sig.count, _storage(sig.dtype))
+            _pack(x, req, sig)
+        else:
+            x = req.buf.flat
+        out = self._timed(sig, req, lambda: np.asarray(self._comm.reducescatter(
+            x.reshape(sig.shape), op=ReduceOp(sig.op), name=sig.name)))
+        if req is None:
+            return
+        _scale(out, sig.postscale)
+        if sig.dtype == _BF16:
+            narrow = np.empty(out.shape, np.uint16)
+            _narrow_bf16(out.reshape(-1), narrow.reshape(-1))
+            out = narrow
+        self._done(req, req.buf.wrap(out), None)
+
+    def _alltoall(self, sig: Signature, req: Optional[Request]) -> None:
+        src = req.buf.source if req.buf.kind == "cuda" else \
+            _movable(req.buf.flat, sig.dtype).reshape(req.buf.shape or (1,))
+        out, recv = self._timed(sig, req, lambda: self._comm.alltoall(src, splits=req.splits,
+                                                                      name=sig.name))
+        if req.buf.kind != "cuda":
+            out = req.buf.wrap(np.asarray(out).view(req.buf.flat.dtype))
+        self._done(req, (out, recv), None)
+
+    def _barrier(self, sig: Signature, req: Optional[Request]) -> None:
+        if req is not None:  # every rank submitted it: agreement is the barrier
+            self._done(req, None, None)

@@ -1,0 +1,66 @@
+"""The handle of one named op: `wait(timeout)` returns its result or raises its error.
+
+A handle is finished exactly once, by the engine's thread, with a result or an
+error.  Waiting costs one lock acquire: the lock is held from creation until
+the handle is finished, so `wait` blocks on it without polling.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional
+
+from ..errors import CollectiveTimeout, describe
+
+__all__ = ["Handle"]
+
+
+class Handle:
+    __slots__ = ("name", "kind", "_rank", "_size", "_sig", "_lock", "_done", "_result", "_error")
+
+    def __init__(self, name: str, kind: str, rank: int, size: int, sig=None) -> None:
+        self.name, self.kind = name, kind
+        self._rank, self._size, self._sig = rank, size, sig
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._done = False
+        self._result: Any = None
+        self._error: Optional[BaseException] = None
+
+    def poll(self) -> bool:
+        """True once the op has finished (successfully or not); wait() then never blocks."""
+        return self._done
+
+    def wait(self, timeout: Optional[float] = None) -> Any:
+        """The op's result.
+
+        Raises:
+            CollectiveTimeout: the op did not finish within `timeout` seconds (it keeps running).
+            CollectiveError: the op failed on this rank, with the cause.
+        """
+        if not self._done:
+            if not self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+                raise CollectiveTimeout(describe(
+                    "not finished", rank=self._rank, size=self._size, op=self.kind,
+                    tensor=self._tensor(), timeout=timeout,
+                    hint="another rank may not have submitted it yet (see the stall warnings)"))
+            self._lock.release()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def _tensor(self) -> str:
+        return self._sig.tensor() if self._sig is not None else f"'{self.name}'"
+
+    def exception(self) -> Optional[BaseException]:
+        return self._error if self._done else None
+
+    def _finish(self, result: Any = None, error: Optional[BaseException] = None) -> None:
+        if self._done:
+            return
+        self._result, self._error = result, error
+        self._done = True
+        self._lock.release()
+
+    def __repr__(self) -> str:
+        state = "failed" if self._error is not None else ("done" if self._done else "pending")
+        return f"<Handle {self.kind} {self._tensor()} {state}>"

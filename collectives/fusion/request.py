@@ -1,0 +1,185 @@
+"""Requests: what one rank asks the engine to do, and the signature ranks agree on.
+
+A *request* is one named op submitted on one rank: the caller's buffer (a flat
+view, see `collectives._buffers`), where the result goes, and the handle the
+caller waits on.  Its *signature* is everything every rank must agree on for
+that name: kind, dtype, shape, reduce op, root and scale factors.  For
+allgather and alltoall the first dimension may differ per rank, so their
+signature keeps only the trailing dimensions (the first is written -1).  Two
+ranks that submit one name with two signatures are a *mismatch*.
+
+Validation happens here, at the call, so programming mistakes raise
+`ValueError` / `TypeError` in the caller's thread, never in the engine's.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from .. import _buffers as B
+from ..types import DType, ReduceOp, numpy_of_dtype
+from .handle import Handle
+
+__all__ = ["KINDS", "Signature", "Request", "make_request"]
+
+KINDS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier")
+_REDUCING = ("allreduce", "reducescatter")
+_RAGGED = ("allgather", "alltoall")  # first dimension may differ per rank
+
+
+class Signature(NamedTuple):
+    name: str
+    kind: str
+    dtype: int          # DType code
+    shape: tuple        # -1 in front for ragged kinds
+    op: int             # ReduceOp code (reducing kinds), else 0
+    root: int           # broadcast root, else 0
+    prescale: float
+    postscale: float
+    device: str = "cpu"
+
+    @classmethod
+    def from_json(cls, item: list) -> "Signature":
+        name, kind, dtype, shape, op, root, pre, post, device = item
+        return cls(name, kind, int(dtype), tuple(shape), int(op), int(root), float(pre),
+                   float(post), device)
+
+    @property
+    def count(self) -> int:
+        """Elements of the full tensor (not meaningful for ragged kinds)."""
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * DType(self.dtype).itemsize
+
+    def tensor(self) -> str:
+        """'name' dtype[dims], the way error messages name a tensor."""
+        dims = ",".join("*" if d < 0 else str(d) for d in self.shape)
+        return f"'{self.name}' {DType(self.dtype).name.lower()}[{dims}]"
+
+    def brief(self) -> str:
+        """What distinguishes this signature, without the name."""
+        dims = ",".join("*" if d < 0 else str(d) for d in self.shape)
+        text = f"{self.kind} {DType(self.dtype).name.lower()}[{dims}]"
+        if self.kind in _REDUCING:
+            text += f" op={ReduceOp(self.op).name.lower()}"
+        if self.kind == "broadcast":
+            text += f" root={self.root}"
+        if self.prescale != 1.0 or self.postscale != 1.0:
+            text += f" prescale={self.prescale:g} postscale={self.postscale:g}"
+        if self.device != "cpu":
+            text += f" on {self.device}"
+        return text
+
+
+class Request:
+    """One submitted op on this rank; lives until its handle is finished."""
+
+    __slots__ = ("sig", "buf", "out", "splits", "handle", "t_submit", "t_ready", "announced")
+
+    def __init__(self, sig: Signature, buf: Optional[B.Buf], out: Optional[B.Buf],
+                 splits: Optional[list], handle: Handle) -> None:
+        self.sig, self.buf, self.out, self.splits, self.handle = sig, buf, out, splits, handle
+        self.t_submit = time.perf_counter()
+        self.t_ready = 0.0
+        self.announced = False
+
+    @property
+    def name(self) -> str:
+        return self.sig.name
+
+
+def _as_buf(buffer, dtype: Optional[DType], writable: bool, what: str) -> B.Buf:
+    """The caller's tensor as a Buf; `dtype` overrides the logical dtype of a numpy buffer."""
+    if dtype is None:
+        return B.as_buf(buffer, writable=writable, what=what)
+    dtype = DType(dtype)
+    if not isinstance(buffer, np.ndarray) or buffer.dtype.itemsize != dtype.itemsize:
+        raise TypeError(f"{what}: dtype={dtype.name.lower()} needs a numpy array with "
+                        f"{dtype.itemsize}-byte items, got {type(buffer).__name__}"
+                        f"{'' if not isinstance(buffer, np.ndarray) else ' of ' + str(buffer.dtype)}")
+    if not buffer.flags.c_contiguous:
+        raise ValueError(f"{what}: the array is not C-contiguous; pass np.ascontiguousarray(x)")
+    flat = buffer.reshape(-1).view(numpy_of_dtype(dtype))
+    return B.Buf(flat, dtype, buffer.shape, lambda a: a, "numpy", buffer)
+
+
+def _check_op(kind: str, op, dtype: DType, prescale: float, postscale: float, what: str) -> ReduceOp:
+    try:
+        op = ReduceOp(op)
+    except ValueError:
+        raise ValueError(f"{what}: unknown reduce op {op!r}; use one of "
+                         f"{', '.join(o.name for o in ReduceOp)}") from None
+    if kind not in _REDUCING:
+        if prescale != 1.0 or postscale != 1.0:
+            raise ValueError(f"{what}: prescale/postscale apply to allreduce and reducescatter only")
+        return ReduceOp.SUM
+    if not dtype.is_floating and (op == ReduceOp.AVERAGE or prescale != 1.0 or postscale != 1.0):
+        raise TypeError(f"{what}: AVERAGE and scale factors need a floating dtype, got "
+                        f"{dtype.name.lower()}; use SUM and divide yourself")
+    if dtype == DType.BOOL and op in (ReduceOp.SUM, ReduceOp.PRODUCT):
+        raise TypeError(f"{what}: bool tensors reduce with MIN (and) or MAX (or) only")
+    return op
+
+
+def _check_splits(splits, dim0: int, size: int, what: str) -> Optional[list]:
+    if splits is None:
+        if dim0 % size:
+            raise ValueError(f"{what}: first dimension {dim0} is not divisible by size {size}; "
+                             "pass splits")
+        return None
+    splits = [int(s) for s in np.asarray(splits).reshape(-1)]
+    if len(splits) != size or min(splits) < 0 or sum(splits) != dim0:
+        raise ValueError(f"{what}: splits {splits} must be {size} non-negative numbers that "
+                         f"sum to the first dimension {dim0}")
+    return splits
+
+
+def _out_buf(out, buf: B.Buf, kind: str, what: str) -> Optional[B.Buf]:
+    if out is None:
+        return None
+    if out is buf.source:
+        return buf
+    if kind not in ("allreduce", "broadcast"):
+        raise ValueError(f"{what}: out= is supported for allreduce and broadcast only")
+    dst = B.as_buf(out, writable=True, what=f"{what} output")
+    if dst.dtype != buf.dtype or dst.shape != buf.shape or dst.kind != buf.kind:
+        raise ValueError(f"{what}: output {B.describe_tensor(None, dst)} ({dst.kind}) does not "
+                         f"match input {B.describe_tensor(None, buf)} ({buf.kind})")
+    return dst
+
+
+def make_request(name: str, kind: str, buffer, out, op, prescale: float, postscale: float,
+                 root: int, splits: Optional[Sequence[int]], dtype: Optional[DType],
+                 rank: int, size: int) -> Request:
+    """Validate one submission and build its request (raises ValueError / TypeError)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"every op needs a non-empty name, got {name!r}")
+    what = f"{kind} '{name}'"
+    if kind not in KINDS:
+        raise ValueError(f"{what}: unknown kind; use one of {', '.join(KINDS)}")
+    if kind == "barrier":
+        sig = Signature(name, kind, int(DType.UINT8), (), 0, 0, 1.0, 1.0)
+        return Request(sig, None, None, None, Handle(name, kind, rank, size, sig))
+    writable = out is not None and out is buffer
+    buf = _as_buf(buffer, dtype, writable, f"{what} input")
+    rop = _check_op(kind, op, buf.dtype, float(prescale), float(postscale), what)
+    if kind == "broadcast" and (not isinstance(root, (int, np.integer)) or not 0 <= root < size):
+        raise ValueError(f"{what}: root must be a rank in [0, {size}), got {root!r}")
+    shape = tuple(int(d) for d in buf.shape)
+    if kind in _RAGGED or kind == "reducescatter":
+        shape = shape or (1,)
+    if kind == "alltoall":
+        splits = _check_splits(splits, shape[0], size, what)
+    elif splits is not None:
+        raise ValueError(f"{what}: splits apply to alltoall only")
+    sig_shape = (-1,) + shape[1:] if kind in _RAGGED else shape
+    device = "cuda" if buf.kind == "cuda" else "cpu"
+    sig = Signature(name, kind, int(buf.dtype), sig_shape, int(rop),
+                    int(root) if kind == "broadcast" else 0, float(prescale), float(postscale), device)
+    handle = Handle(name, kind, rank, size, sig)
+    return Request(sig, buf, _out_buf(out, buf, kind, what), splits, handle)
