@@ -70,14 +70,14 @@ class MetricAverageCallback(keras.callbacks.Callback):
         if not logs:
             return
         keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0)
-        everyone = _kernels.allgather_object(keys, f"MetricAverageCallback.keys.{epoch}")
+        everyone = _kernels.allgather_object(keys, "MetricAverageCallback.keys")
         if any(k != keys for k in everyone):
             comm = _basics.communicator()
             detail = "; ".join(f"rank {r}: {k}" for r, k in enumerate(everyone))
             raise MismatchError(describe(f"ranks log different metrics ({detail})",
                                          rank=comm.rank, size=comm.size, op="MetricAverageCallback"))
         values = np.array([float(logs[k]) for k in keys], np.float64)
-        mean = _kernels.allreduce_group([values], [f"MetricAverageCallback.{epoch}"], Average)[0]
+        mean = _kernels.allreduce_group([values], ["MetricAverageCallback"], Average)[0]
         for k, v in zip(keys, mean):
             logs[k] = float(v)
 

@@ -1,7 +1,6 @@
 """Helpers over the ops: broadcast variables and Python objects, gather objects."""
 from __future__ import annotations
 
-import itertools
 from typing import Optional
 
 import tensorflow as tf
@@ -11,9 +10,6 @@ from .mpi_ops import broadcast_raw
 
 __all__ = ["broadcast_variables", "broadcast_global_variables", "broadcast_object",
            "allgather_object"]
-
-_object_calls = itertools.count()
-
 
 def _var_label(i: int, v) -> str:
     return f"broadcast_variables.{i}.{getattr(v, 'path', None) or getattr(v, 'name', 'var')}"
@@ -41,15 +37,11 @@ def broadcast_global_variables(root_rank: int = 0):
                        "or the Keras BroadcastGlobalVariablesCallback")
 
 
-def _object_name(kind: str, name: Optional[str]) -> str:
-    return name or f"{kind}.noname.{next(_object_calls)}"
-
-
 def broadcast_object(obj, root_rank: int = 0, session=None, name: Optional[str] = None):
     """root_rank's Python object on every rank (cloudpickle; eager mode)."""
-    return _kernels.broadcast_object(obj, int(root_rank), _object_name("broadcast_object", name))
+    return _kernels.broadcast_object(obj, int(root_rank), name or "broadcast_object")
 
 
 def allgather_object(obj, session=None, name: Optional[str] = None) -> list:
     """Every rank's Python object, in rank order (eager mode)."""
-    return _kernels.allgather_object(obj, _object_name("allgather_object", name))
+    return _kernels.allgather_object(obj, name or "allgather_object")
