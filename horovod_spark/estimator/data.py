@@ -91,15 +91,16 @@ def column_specs(schema, feature_cols: Sequence[str], label_cols: Sequence[str],
     return specs
 
 
-def prepare_exprs(specs: Sequence[ColumnSpec]) -> list:
-    """One JVM expression per used column, cast to its training dtype."""
+def prepare_exprs(specs: Sequence[ColumnSpec], dedupe: bool = True) -> list:
+    """One JVM expression per used column (per spec unless ``dedupe``), cast to its
+    training dtype."""
     from pyspark.ml.functions import vector_to_array
     from pyspark.sql import functions as F
 
     spark_scalar = {"float32": "float", "int64": "bigint", "bool": "boolean"}
     cols, seen = [], set()
     for spec in specs:
-        if spec.name in seen:
+        if dedupe and spec.name in seen:
             continue
         seen.add(spec.name)
         if spec.kind == "vector":

@@ -16,6 +16,7 @@ expects of a stage.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -76,7 +77,7 @@ class EstimatorModel(Model, ModelParams, MLWritable, MLReadable):
                              f"{out_cols}; give one name per output")
         udf = self._prediction_udf(specs, shapes, out_cols)
         tmp = "__hvs_prediction__"
-        out = dataset.withColumn(tmp, udf(*prepare_exprs(specs)))
+        out = dataset.withColumn(tmp, udf(*prepare_exprs(specs, dedupe=False)))
         for name, shape in zip(out_cols, shapes):
             col = F.col(tmp)[name]
             out = out.withColumn(name, array_to_vector(col) if _is_vector(shape) else col)
@@ -92,7 +93,9 @@ class EstimatorModel(Model, ModelParams, MLWritable, MLReadable):
         fn = _partition_predictor(self._model_broadcast(), type(self)._make_predictor,
                                   [(s.name, s.dtype) for s in specs], shapes, out_cols,
                                   self.getOrDefault("batch_size"))
-        return arrow_udf(fn, T.StructType(fields), PythonEvalType.SQL_SCALAR_ARROW_ITER_UDF)
+        with warnings.catch_warnings():  # "prefer type hints": the arity varies per model
+            warnings.simplefilter("ignore", UserWarning)
+            return arrow_udf(fn, T.StructType(fields), PythonEvalType.SQL_SCALAR_ARROW_ITER_UDF)
 
     def _model_broadcast(self):
         from pyspark.sql import SparkSession

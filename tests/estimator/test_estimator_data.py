@@ -1,0 +1,119 @@
+"""The data path without Spark: column specs, the spill of a partition, the rank's stream."""
+import os
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from horovod_spark.estimator._reader import BatchStream, Shard, sequential_batches, steps_per_epoch
+from horovod_spark.estimator._spill import spill_partition
+from horovod_spark.estimator.data import ColumnSpec
+
+SPECS = (ColumnSpec("x", "feature", "array", "float32", "array<float>"),
+         ColumnSpec("y", "label", "scalar", "int64", "bigint"))
+
+
+def _batches(n, width=3, chunk=100, start=0):
+    """Record batches as Spark's mapInArrow hands them: lists of floats, int64 labels."""
+    for i in range(start, start + n, chunk):
+        rows = np.arange(i, min(i + chunk, start + n))
+        x = (rows[:, None] * width + np.arange(width)).astype(np.float32)
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(list(x)), pa.array(rows)], names=["x", "y"])
+
+
+def _shard(tmp_path, n, **kw):
+    census = spill_partition(_batches(n, **kw), SPECS, 0, directory=str(tmp_path))
+    assert census.problem is None
+    return census, Shard(os.path.join(str(tmp_path), "train.arrow"), ["x", "y"])
+
+
+def test_spilled_rows_read_back_unchanged_and_zero_copy(tmp_path):
+    census, shard = _shard(tmp_path, 1003)
+    assert (census.train_rows, census.widths) == (1003, {"x": 3, "y": 0})
+    rows = np.concatenate([b["y"] for b in sequential_batches(shard, 64)])
+    x = np.concatenate([b["x"] for b in sequential_batches(shard, 64)])
+    np.testing.assert_array_equal(rows, np.arange(1003))
+    np.testing.assert_array_equal(x, rows[:, None] * 3 + np.arange(3))
+    assert not shard.blocks[0]["x"].flags.owndata  # a view of the memory map
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_every_pass_of_the_stream_visits_each_row_once(tmp_path, shuffle):
+    _, shard = _shard(tmp_path, 1003)
+    stream = BatchStream(shard, 64, shuffle=shuffle, seed=3, window_bytes=300 * 16)
+    steps = steps_per_epoch([1003], 64)
+    seen = np.concatenate([b["y"] for e in range(3) for b in stream.epoch(e, steps)])
+    assert len(seen) == 3 * steps * 64
+    for p in range(len(seen) // 1003):
+        assert sorted(seen[p * 1003:(p + 1) * 1003].tolist()) == list(range(1003))
+    assert (np.diff(seen[:1003]) == 1).all() != shuffle
+
+
+def test_batches_pair_features_with_their_labels(tmp_path):
+    _, shard = _shard(tmp_path, 500)
+    for b in BatchStream(shard, 32, shuffle=True, window_bytes=1000).epoch(0, 20):
+        assert b["x"].shape == (32, 3)
+        np.testing.assert_array_equal(b["x"][:, 0], b["y"] * 3)
+
+
+def test_an_epoch_read_alone_equals_that_epoch_of_the_whole_stream(tmp_path):
+    _, shard = _shard(tmp_path, 777)
+    stream = BatchStream(shard, 50, shuffle=True, seed=1, window_bytes=2000)
+    whole = [b["y"] for e in range(4) for b in stream.epoch(e, 9)]
+    fresh = BatchStream(shard, 50, shuffle=True, seed=1, window_bytes=2000)
+    alone = [b["y"] for b in fresh.epoch(3, 9)]
+    np.testing.assert_array_equal(np.concatenate(alone), np.concatenate(whole[27:]))
+
+
+def test_shuffle_differs_per_rank_and_per_epoch(tmp_path):
+    _, shard = _shard(tmp_path, 400)
+    first = lambda rank, epoch: next(BatchStream(shard, 400, seed=0, rank=rank).epoch(epoch, 1))["y"]
+    assert not np.array_equal(first(0, 0), first(1, 0))
+    assert not np.array_equal(first(0, 0), first(0, 1))
+
+
+def test_steps_per_epoch_is_the_global_rows_over_the_global_batch():
+    assert steps_per_epoch([1000, 10], 10) == 51  # ranks run the same steps, however uneven
+    assert steps_per_epoch([5, 5], 100) == 1
+    assert steps_per_epoch([100, 100], 10, multiple=3) == 12
+
+
+def test_validation_fraction_splits_rows_without_losing_any(tmp_path):
+    census = spill_partition(_batches(2000), SPECS, 0, validation_fraction=0.25,
+                             directory=str(tmp_path))
+    assert census.train_rows + census.val_rows == 2000
+    assert 400 < census.val_rows < 600
+    train = Shard(os.path.join(str(tmp_path), "train.arrow"))
+    val = Shard(os.path.join(str(tmp_path), "val.arrow"))
+    ys = [np.concatenate([b["y"] for b in sequential_batches(s, 999)]) for s in (train, val)]
+    assert sorted(np.concatenate(ys).tolist()) == list(range(2000))
+
+
+def test_nan_in_a_feature_is_reported_with_its_column(tmp_path):
+    bad = pa.RecordBatch.from_arrays([pa.array([[1.0, 2.0, float("nan")]], pa.list_(pa.float32())),
+                                      pa.array([7])], names=["x", "y"])
+    census = spill_partition(iter([next(_batches(10)), bad]), SPECS, 4, directory=str(tmp_path))
+    assert census.problem == "feature column 'x' has NaN (first in row 10 of partition 4)"
+
+
+def test_arrays_of_different_lengths_are_reported(tmp_path):
+    ragged = pa.RecordBatch.from_arrays([pa.array([[1.0, 2.0], [1.0]], pa.list_(pa.float32())),
+                                         pa.array([1, 2])], names=["x", "y"])
+    census = spill_partition(iter([ragged]), SPECS, 0, directory=str(tmp_path))
+    assert "column 'x' has arrays of different lengths (2 and 1)" in census.problem
+
+
+def test_null_labels_are_reported(tmp_path):
+    nulls = pa.RecordBatch.from_arrays([pa.array([[1.0, 2.0, 3.0]] * 2, pa.list_(pa.float32())),
+                                        pa.array([1, None])], names=["x", "y"])
+    census = spill_partition(iter([nulls]), SPECS, 0, directory=str(tmp_path))
+    assert census.problem == "column 'y' has 1 null value(s)"
+
+
+def test_a_shard_with_no_rows_is_refused_by_the_stream(tmp_path):
+    census = spill_partition(iter(()), SPECS, 2, directory=str(tmp_path))
+    assert census.train_rows == 0
+    shard = Shard(os.path.join(str(tmp_path), "train.arrow"), ["x", "y"])
+    with pytest.raises(ValueError, match="rank 2 has no training rows"):
+        BatchStream(shard, 8, rank=2)
