@@ -1,0 +1,333 @@
+"""The fusion engine's checks, run inside every rank of one launch.
+
+`run_all(overrides, workdir)` builds a communicator and an engine, runs every
+check in order and returns {check name: "ok" or the failure text}.  Every
+rank can compute every rank's input (inputs are seeded by rank), so each
+rank checks its own results against numpy.  Every wait has a timeout: a
+broken check fails, it never hangs the launch.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+import traceback
+
+import numpy as np
+
+import collectives
+from collectives import CollectiveError, MismatchError, ReduceOp
+from collectives.fusion import FusionEngine
+from collectives.types import DType
+
+WAIT = 30.0
+FLOATS = (np.float16, np.float32, np.float64)
+INTS = (np.int32, np.int64, np.uint8)
+
+
+def data(rank: int, n: int, dtype, tag: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(1000 * tag + rank)
+    if np.dtype(dtype).kind == "f":
+        return rng.uniform(-2, 2, n).astype(dtype)
+    return rng.integers(1, 4, n).astype(dtype)
+
+
+def reference(size: int, n: int, dtype, op: ReduceOp, tag: int = 0) -> np.ndarray:
+    xs = np.stack([data(r, n, dtype, tag).astype(np.float64) for r in range(size)])
+    fn = {ReduceOp.SUM: np.sum, ReduceOp.AVERAGE: np.mean, ReduceOp.MIN: np.min,
+          ReduceOp.MAX: np.max, ReduceOp.PRODUCT: np.prod}[op]
+    return fn(xs, axis=0)
+
+
+def close(got, want, dtype) -> None:
+    tol = {np.dtype(np.float16): 2e-2, np.dtype(np.float32): 1e-5}.get(np.dtype(dtype), 1e-9)
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol * 4)
+
+
+def bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bits (round to nearest even), as uint16."""
+    u = x.astype(np.float32).view(np.uint32)
+    return ((u + ((u >> 16) & 1) + 0x7FFF) >> 16).astype(np.uint16)
+
+
+def from_bf16(u: np.ndarray) -> np.ndarray:
+    return (u.astype(np.uint32) << 16).view(np.float32)
+
+
+def a2a_input(rank: int, size: int):
+    """Rank `rank` sends (rank + j) % 3 rows to rank j."""
+    splits = [(rank + j) % 3 for j in range(size)]
+    return splits, np.arange(sum(splits), dtype=np.int32) + 100 * rank
+
+
+def names_every_rank(text: str, size: int) -> bool:
+    """Every rank appears in a listing like 'rank 0: ...; ranks 1,2: ...'."""
+    listed = set()
+    for group in re.findall(r"ranks? ([\d,]+):", text):
+        listed.update(int(k) for k in group.split(","))
+    return listed == set(range(size))
+
+
+# -- checks -------------------------------------------------------------------
+def allreduce_every_op_and_dtype_matches_numpy(eng, comm):
+    jobs = []
+    for dtype in FLOATS + INTS:
+        ops = [ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT]
+        ops += [ReduceOp.AVERAGE] if np.dtype(dtype).kind == "f" else []
+        for op in ops:
+            for n in (0, 1, 7, 1000):
+                name = f"ar.{np.dtype(dtype).name}.{op.name}.{n}"
+                h = eng.submit(name, "allreduce", data(comm.rank, n, dtype), op=op)
+                jobs.append((h, reference(comm.size, n, dtype, op), dtype, name))
+    for h, want, dtype, name in jobs:
+        got = h.wait(WAIT)
+        assert got.dtype == np.dtype(dtype), (name, got.dtype)
+        close(got, want, dtype)
+
+
+def bfloat16_buffers_reduce_through_a_dtype_tag(eng, comm):
+    x = data(comm.rank, 33, np.float32)
+    got = eng.submit("bf16.sum", "allreduce", bf16(x), dtype=DType.BFLOAT16).wait(WAIT)
+    inplace = bf16(x)
+    eng.submit("bf16.avg", "allreduce", inplace, out=inplace, op=ReduceOp.AVERAGE,
+               dtype=DType.BFLOAT16).wait(WAIT)
+    want = sum(from_bf16(bf16(data(r, 33, np.float32))) for r in range(comm.size))
+    np.testing.assert_allclose(from_bf16(got), want, rtol=1e-2, atol=2e-2)
+    np.testing.assert_allclose(from_bf16(inplace), want / comm.size, rtol=1e-2, atol=2e-2)
+
+
+def scale_factors_and_in_place_results_match_numpy(eng, comm):
+    x = data(comm.rank, 100, np.float64)
+    out = np.empty_like(x)
+    h1 = eng.submit("scale.out", "allreduce", x, out=out, prescale=0.5, postscale=3.0)
+    y = x.copy()
+    h2 = eng.submit("scale.inplace", "allreduce", y, out=y, op=ReduceOp.AVERAGE, prescale=2.0)
+    assert h1.wait(WAIT) is out and h2.wait(WAIT) is y
+    want = reference(comm.size, 100, np.float64, ReduceOp.SUM)
+    close(out, want * 1.5, np.float64)
+    close(y, want * 2.0 / comm.size, np.float64)
+    close(x, data(comm.rank, 100, np.float64), np.float64)  # the input of out= is untouched
+
+
+def fusion_packs_a_burst_into_few_collectives(eng, comm):
+    before = eng.metrics()
+    xs = [data(comm.rank, 256, np.float32, tag=i) for i in range(64)]
+    hs = [eng.submit(f"burst.{i}", "allreduce", x, out=x) for i, x in enumerate(xs)]
+    for i, h in enumerate(hs):
+        h.wait(WAIT)
+        close(xs[i], reference(comm.size, 256, np.float32, ReduceOp.SUM, tag=i), np.float32)
+    after = eng.metrics()
+    collectives_used = after["collectives"] - before["collectives"]
+    assert after["fused_buffers"] > before["fused_buffers"], (before, after)
+    assert collectives_used <= 32, f"64 tensors took {collectives_used} collectives"
+    threshold = eng._config.fusion_threshold
+    assert collectives_used >= -(-64 * 256 * 4 // threshold), (collectives_used, threshold)
+
+
+def ranks_may_submit_in_different_orders(eng, comm):
+    names = [f"order.{i}" for i in range(40)]
+    order = np.random.default_rng(comm.rank).permutation(40)
+    hs = {}
+    for i in order:
+        dtype = (np.float32, np.float64, np.int32)[i % 3]
+        hs[i] = (eng.submit(names[i], "allreduce", data(comm.rank, 10 + i, dtype, tag=i)), dtype)
+    for i, (h, dtype) in hs.items():
+        close(h.wait(WAIT), reference(comm.size, 10 + i, dtype, ReduceOp.SUM, tag=i), dtype)
+
+
+def the_other_kinds_match_numpy(eng, comm):
+    r, n = comm.rank, comm.size
+    rows = np.arange(r + 1, dtype=np.float32)[:, None] * np.ones((1, 3), np.float32) + r
+    got = eng.submit("ag.rows", "allgather", rows).wait(WAIT)
+    want = np.concatenate([np.arange(k + 1, dtype=np.float32)[:, None] * np.ones((1, 3)) + k
+                           for k in range(n)])
+    np.testing.assert_array_equal(got, want)
+    for root in range(n):
+        x = np.full(5, r * 10 + 1, np.int64)
+        assert eng.submit(f"bc.{root}", "broadcast", x, out=x, root=root).wait(WAIT) is x
+        np.testing.assert_array_equal(x, np.full(5, root * 10 + 1))
+    x = data(r, (2 * n + 1) * 2, np.float64).reshape(2 * n + 1, 2)
+    mine = eng.submit("rs.avg", "reducescatter", x, op=ReduceOp.AVERAGE).wait(WAIT)
+    full = reference(n, (2 * n + 1) * 2, np.float64, ReduceOp.AVERAGE).reshape(2 * n + 1, 2)
+    start = sum(3 if k == 0 else 2 for k in range(r))  # the first rank gets the extra row
+    close(mine, full[start:start + (3 if r == 0 else 2)], np.float64)
+    splits, src = a2a_input(r, n)
+    out, recv = eng.submit("a2a", "alltoall", src, splits=splits).wait(WAIT)
+    want = []
+    for k in range(n):
+        ks, ksrc = a2a_input(k, n)
+        want.append(ksrc[sum(ks[:r]):sum(ks[:r]) + ks[r]])
+    np.testing.assert_array_equal(out, np.concatenate(want))
+    assert list(recv) == [a2a_input(k, n)[0][r] for k in range(n)], recv
+    eng.submit("barrier.1", "barrier").wait(WAIT)
+
+
+def scalars_and_empty_tensors_work(eng, comm):
+    s = eng.submit("scalar", "allreduce", np.float64(comm.rank + 1.0)).wait(WAIT)
+    assert s.shape == () and float(s) == sum(range(1, comm.size + 1))
+    e = eng.submit("empty", "allreduce", np.zeros((0, 4), np.float32)).wait(WAIT)
+    assert e.shape == (0, 4)
+    rows = np.ones((1 if comm.rank == 0 else 0, 2), np.int32)
+    assert eng.submit("ag.sparse", "allgather", rows).wait(WAIT).shape == (1, 2)
+
+
+def wrong_arguments_raise_at_the_call(eng, comm):
+    h = eng.submit("dup", "allreduce", np.ones(1))
+    for bad, exc in [(lambda: eng.submit("dup", "allreduce", np.ones(1)), ValueError),
+                     (lambda: eng.submit("k", "allsum", np.ones(1)), ValueError),
+                     (lambda: eng.submit("k", "broadcast", np.ones(1), root=comm.size), ValueError),
+                     (lambda: eng.submit("k", "allreduce", np.ones(1, np.int32),
+                                         op=ReduceOp.AVERAGE), TypeError),
+                     (lambda: eng.submit("k", "alltoall", np.ones(3), splits=[3] * comm.size),
+                      ValueError)]:
+        try:
+            bad()
+        except exc as e:
+            assert "dup" in str(e) or "'k'" in str(e), str(e)
+        else:
+            raise AssertionError(f"no {exc.__name__}")
+    h.wait(WAIT)
+    eng.submit("dup", "allreduce", np.ones(1)).wait(WAIT)  # the name is free again
+
+
+def mismatches_raise_on_every_rank_naming_tensor_and_ranks(eng, comm):
+    r = comm.rank
+    eng.submit("mm.cached", "allreduce", np.ones(4, np.float32)).wait(WAIT)  # cached now
+    cases = {
+        "mm.shape": lambda: eng.submit("mm.shape", "allreduce", np.ones(4 + r, np.float32)),
+        "mm.dtype": lambda: eng.submit("mm.dtype", "allreduce", np.ones(4, np.float32 if r == 0
+                                                                        else np.float64)),
+        "mm.op": lambda: eng.submit("mm.op", "allreduce", np.ones(4),
+                                    op=ReduceOp.SUM if r == 0 else ReduceOp.MAX),
+        "mm.cached": lambda: eng.submit("mm.cached", "allreduce", np.ones(4 + (r == 1), np.float32)),
+    }
+    t0 = time.perf_counter()
+    for name, submit in cases.items():
+        try:
+            submit().wait(WAIT)
+        except MismatchError as exc:
+            text = str(exc)
+            assert f"'{name}'" in text and f"on rank {r}/" in text, text
+            assert names_every_rank(text, comm.size), text
+        else:
+            raise AssertionError(f"{name}: no MismatchError")
+    assert time.perf_counter() - t0 < 20, "mismatches took too long to surface"
+    good = eng.submit("mm.after", "allreduce", np.ones(2)).wait(WAIT)
+    assert (good == comm.size).all()  # the engine carries on
+
+
+def join_lets_ranks_run_uneven_step_counts(eng, comm):
+    r, n = comm.rank, comm.size
+    for step in range(2 + r):
+        got = eng.submit(f"join.step{step}", "allreduce", np.ones(3, np.float32)).wait(WAIT)
+        active = sum(1 for k in range(n) if 2 + k > step)
+        assert (got == active).all(), (step, got, active)
+        rows = eng.submit(f"join.ag{step}", "allgather", np.full((1, 2), r, np.int64)).wait(WAIT)
+        assert rows[:, 0].tolist() == [k for k in range(n) if 2 + k > step], rows
+    last = eng.join(WAIT)
+    assert last == n - 1, last
+    assert (eng.submit("join.after", "allreduce", np.ones(1)).wait(WAIT) == n).all()
+
+
+def a_stalled_tensor_is_reported_with_the_missing_ranks(eng, comm):
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    log = logging.getLogger("collectives.fusion")
+    log.addHandler(handler)
+    try:
+        eng.submit("stall.sync", "barrier").wait(WAIT)
+        if comm.rank != 0:
+            time.sleep(3 * eng._config.stall_check_time + 0.5)
+        eng.submit("stall.x", "allreduce", np.ones(2)).wait(WAIT)
+    finally:
+        log.removeHandler(handler)
+    if comm.rank == 0:
+        texts = [rec.getMessage() for rec in records if "stall.x" in rec.getMessage()]
+        missing = list(range(1, comm.size))
+        assert any(f"not yet by ranks {missing}" in t for t in texts), texts
+
+
+def the_timeline_is_chrome_trace_json_with_every_phase(eng, comm, workdir):
+    path = os.path.join(workdir, "timeline.json")
+    eng.start_timeline(path)
+    xs = [np.ones(64, np.float32) for _ in range(16)]
+    for h in [eng.submit(f"tl.{i}", "allreduce", x, out=x) for i, x in enumerate(xs)]:
+        h.wait(WAIT)
+    eng.submit("tl.bcast", "broadcast", np.ones(3), root=0).wait(WAIT)
+    eng.submit("tl.sync", "barrier").wait(WAIT)
+    eng.stop_timeline()
+    if comm.rank != 0:  # rank 0 alone writes the timeline
+        return
+    with open(path) as f:
+        events = json.load(f)
+    tensors = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    assert {f"tl.{i}" for i in range(16)} <= tensors, tensors
+    phases = {e["name"] for e in events if e.get("ph") == "X"}
+    want = {"NEGOTIATE", "QUEUE", "MEMCPY_IN_FUSION_BUFFER", "ALLREDUCE",
+            "MEMCPY_OUT_FUSION_BUFFER", "BROADCAST"}
+    assert want <= phases, phases
+    assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in events if e.get("ph") == "X")
+
+
+def shutdown_on_one_rank_fails_the_others_ops_naming_it(eng, comm):
+    eng.submit("sd.sync", "barrier").wait(WAIT)
+    if comm.rank == 1:
+        eng.shutdown()
+        return
+    try:
+        eng.submit("sd.late", "allreduce", np.ones(1)).wait(WAIT)
+    except CollectiveError as exc:
+        assert "shut down by rank(s) [1]" in str(exc) and f"rank {comm.rank}/" in str(exc), str(exc)
+    else:
+        raise AssertionError("no error after rank 1 shut down")
+
+
+CHECKS = [allreduce_every_op_and_dtype_matches_numpy, bfloat16_buffers_reduce_through_a_dtype_tag,
+          scale_factors_and_in_place_results_match_numpy, fusion_packs_a_burst_into_few_collectives,
+          ranks_may_submit_in_different_orders, the_other_kinds_match_numpy,
+          scalars_and_empty_tensors_work, wrong_arguments_raise_at_the_call,
+          mismatches_raise_on_every_rank_naming_tensor_and_ranks,
+          join_lets_ranks_run_uneven_step_counts,
+          a_stalled_tensor_is_reported_with_the_missing_ranks,
+          the_timeline_is_chrome_trace_json_with_every_phase,
+          shutdown_on_one_rank_fails_the_others_ops_naming_it]
+
+
+def run_all(overrides: dict, workdir: str) -> dict:
+    comm = collectives.init(collectives.Config.create(overrides))
+    eng = FusionEngine(comm)
+    results = {}
+    for check in CHECKS:
+        args = (eng, comm, workdir) if "workdir" in check.__code__.co_varnames else (eng, comm)
+        try:
+            check(*args)
+            results[check.__name__] = "ok"
+        except Exception:
+            results[check.__name__] = traceback.format_exc()
+    eng.shutdown()
+    comm.close()
+    return results
+
+
+def lose_a_peer(workdir: str) -> None:
+    """Rank 1 dies mid-job; rank 0 records what its pending op failed with."""
+    comm = collectives.init(collectives.Config.create({"timeout": 5.0}))
+    eng = FusionEngine(comm)
+    eng.submit("lp.sync", "barrier").wait(WAIT)
+    if comm.rank == 1:
+        os._exit(7)
+    try:
+        eng.submit("lp.x", "allreduce", np.ones(4)).wait(WAIT)
+        text = "no error"
+    except CollectiveError as exc:
+        text = f"{type(exc).__name__}: {exc}"
+    try:
+        eng.submit("lp.y", "allreduce", np.ones(4))
+        text += "\nsubmit after the failure: no error"
+    except CollectiveError as exc:
+        text += f"\nsubmit after the failure: {type(exc).__name__}: {exc}"
+    with open(os.path.join(workdir, "lost_peer.txt"), "w") as f:
+        f.write(text)
