@@ -1,0 +1,86 @@
+"""Whole-model helpers: broadcast parameters, optimizer state and Python objects.
+
+Objects travel cloudpickled through the engine (every peer of the
+communicator is authenticated with the job secret before any byte is read,
+so unpickling here never reads an unauthenticated peer's bytes): first the
+byte length, then the bytes.
+"""
+from __future__ import annotations
+
+import cloudpickle
+import numpy as np
+import torch
+
+from . import _state
+from . import mpi_ops as M
+
+__all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
+           "allgather_object"]
+
+
+def broadcast_parameters(params, root_rank: int = 0, prefix=None) -> None:
+    """Overwrite every tensor in `params` with root_rank's, in place.
+
+    Args:
+        params: a state_dict, or a list of tensors or (name, tensor) pairs
+            (e.g. model.named_parameters()).
+    """
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    elif isinstance(params, (list, tuple)) or hasattr(params, "__iter__"):
+        items = [p if isinstance(p, tuple) else (None, p) for p in params]
+    else:
+        raise ValueError(f"invalid params of type {type(params).__name__}; pass a state_dict or "
+                         "a list of (name, tensor)")
+    handles = []
+    for i, (name, p) in enumerate(items):
+        if not isinstance(p, torch.Tensor):
+            raise ValueError(f"broadcast_parameters: {name or i!r} is a {type(p).__name__}, not a tensor")
+        label = name if name is not None else f"param.{i}"
+        handles.append(M.broadcast_async_(p.data, root_rank,
+                                          name=f"{prefix or 'params'}.{label}"))
+    for h in handles:
+        M.synchronize(h)
+
+
+def broadcast_optimizer_state(optimizer, root_rank: int = 0, prefix: str = "Parameter.",
+                              model=None) -> None:
+    """Make every rank's optimizer state (and hyperparameters) root_rank's."""
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    state = broadcast_object(optimizer.state_dict(), root_rank, name=f"{prefix}optimizer_state")
+    if _state.rank() != root_rank:
+        optimizer.load_state_dict(state)
+
+
+def broadcast_object(obj, root_rank: int = 0, name=None, process_set=M.global_process_set):
+    """root_rank's obj on every rank (any cloudpickle-able object)."""
+    M._check_process_set(process_set)
+    base = _state.op_name("broadcast_object", name)
+    if _state.rank() == root_rank:
+        payload = np.frombuffer(cloudpickle.dumps(obj), np.uint8).copy()
+        length = np.array([payload.size], np.int64)
+    else:
+        payload, length = None, np.zeros(1, np.int64)
+    eng = _state.engine()
+    eng.submit(f"{base}.length", "broadcast", length, out=length, root=root_rank).wait()
+    if payload is None:
+        payload = np.empty(int(length[0]), np.uint8)
+    eng.submit(f"{base}.bytes", "broadcast", payload, out=payload, root=root_rank).wait()
+    return obj if _state.rank() == root_rank else cloudpickle.loads(payload.tobytes())
+
+
+def allgather_object(obj, name=None, process_set=M.global_process_set) -> list:
+    """Every rank's obj, in rank order."""
+    M._check_process_set(process_set)
+    base = _state.op_name("allgather_object", name)
+    payload = np.frombuffer(cloudpickle.dumps(obj), np.uint8)
+    eng = _state.engine()
+    lengths = np.asarray(eng.submit(f"{base}.lengths", "allgather",
+                                    np.array([payload.size], np.int64)).wait())
+    blob = np.asarray(eng.submit(f"{base}.bytes", "allgather", payload).wait())
+    out, off = [], 0
+    for n in lengths.tolist():
+        out.append(cloudpickle.loads(blob[off:off + n].tobytes()))
+        off += n
+    return out

@@ -1,0 +1,179 @@
+"""DistributedOptimizer: allreduce gradients while backward is still running.
+
+A hook on every parameter (`register_post_accumulate_grad_hook`) fires as
+soon as autograd has accumulated that parameter's gradient and submits its
+allreduce to the fusion engine, so communication of the last layers overlaps
+the backward pass of the first.  With `backward_passes_per_step` = k, a
+parameter's gradient accumulates locally for k backward passes (its *delay*
+counts down) and is submitted on the k-th.  `step()` first calls
+`synchronize()`: it submits what never got a hook call (a parameter unused
+this step is reduced as zeros, so every rank submits the same names), waits
+for every handle and writes the averaged gradients back.
+
+The returned object is an instance of a subclass of the wrapped optimizer's
+class that shares its state, so `isinstance(opt, torch.optim.SGD)` holds and
+checkpoints load as before.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+
+import torch
+
+from collectives.errors import NotSupported
+
+from . import _state
+from . import mpi_ops as M
+from .compression import Compression
+
+__all__ = ["DistributedOptimizer"]
+
+
+class _DistributedOptimizer:
+    def _hvd_setup(self, named_parameters, compression, backward_passes_per_step, op,
+                   gradient_predivide_factor) -> None:
+        self._compression = compression
+        self._op = op
+        self._predivide = float(gradient_predivide_factor)
+        self.backward_passes_per_step = int(backward_passes_per_step)
+        params = [p for group in self.param_groups for p in group["params"]]
+        self._parameter_names = _parameter_names(named_parameters, params)
+        self._requires_update = [p for p in params if p.requires_grad]
+        self._delay = {p: self.backward_passes_per_step for p in params}
+        self._handles: dict = {}
+        self._synchronized = False
+        self._should_synchronize = True
+        self._last_wait = 0.0
+        self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(p))
+                       for p in self._requires_update]
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        self.backward_passes_per_step = int(passes)
+        for p in self._delay:
+            self._delay[p] = self.backward_passes_per_step
+
+    def _make_hook(self, p):
+        def hook(_param):
+            if self._handles.get(p) is not None and self._delay[p] <= 0:
+                raise AssertionError(
+                    "Gradients were computed more than backward_passes_per_step times before "
+                    "call to step(). Increase backward_passes_per_step to accumulate gradients "
+                    "locally.")
+            self._delay[p] -= 1
+            self._handles[p] = self._allreduce_grad_async(p) if self._delay[p] == 0 else None
+        return hook
+
+    def _allreduce_grad_async(self, p):
+        if p.grad is None:  # unused this step on this rank; another rank may have used it
+            p.grad = torch.zeros_like(p)
+        tensor = p.grad if p.grad.is_contiguous() else p.grad.contiguous()
+        compressed, ctx = self._compression.compress(tensor)
+        pre, post = 1.0, 1.0
+        if self._op == M.Average and self._predivide != 1.0:
+            pre, post = 1.0 / self._predivide, self._predivide
+        handle = M.allreduce_async_(compressed, name=self._parameter_names[p], op=self._op,
+                                    prescale_factor=pre, postscale_factor=post)
+        return handle, ctx
+
+    def synchronize(self) -> None:
+        """Wait for every gradient's allreduce and write the results into .grad."""
+        t0 = time.perf_counter()
+        for p in self._requires_update:
+            if self._handles.get(p) is None:
+                self._handles[p] = self._allreduce_grad_async(p)
+        for p, (handle, ctx) in self._handles.items():
+            out = self._compression.decompress(M.synchronize(handle), ctx)
+            self._delay[p] = self.backward_passes_per_step
+            if out.data_ptr() != p.grad.data_ptr():
+                p.grad.copy_(out)
+        self._handles.clear()
+        self._synchronized = True
+        self._last_wait = time.perf_counter() - t0
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Use after an explicit synchronize() (e.g. to clip gradients) so step() skips it."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "context after optimizer.synchronize(). This can cause training "
+                              "slowdown. You may want to consider using "
+                              "optimizer.skip_synchronize() context if you use "
+                              "optimizer.synchronize() in your code.")
+            self.synchronize()
+        self._synchronized = False
+        _state.record_step(self._last_wait)
+        self._last_wait = 0.0
+        return super().step(closure)
+
+    step.hooked = True  # torch's step profiling wrapper already wraps the base class's step
+
+    def zero_grad(self, set_to_none: bool = True):
+        if self._handles:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
+                                 "before optimizer.step() or optimizer.synchronize(). This is "
+                                 "prohibited as it can cause a race condition.")
+        return super().zero_grad(set_to_none)
+
+
+def _parameter_names(named_parameters, params) -> dict:
+    if named_parameters is None:
+        return {p: f"noname.{i}" for i, p in enumerate(params)}
+    named = list(named_parameters)
+    if named and not all(isinstance(item, tuple) and len(item) == 2 for item in named):
+        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                         "usually produced by model.named_parameters().")
+    names = [n for n, _ in named]
+    dups = sorted({n for n in names if names.count(n) > 1})
+    if dups:
+        raise ValueError(f"Parameter names in named_parameters must be unique. Found duplicates: "
+                         f"{', '.join(dups)}")
+    by_param = {p: n for n, p in named}
+    unnamed = [i for i, p in enumerate(params) if p not in by_param]
+    if unnamed:
+        raise ValueError(f"named_parameters was specified, but one or more model parameters were "
+                         f"not named (optimizer parameters at positions {unnamed})")
+    return by_param
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step: int = 1, op=M.Average,
+                         gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                         groups=None, sparse_as_dense: bool = False,
+                         process_set=M.global_process_set):
+    """Wrap a torch optimizer so that step() applies gradients averaged over every rank.
+
+    Args:
+        named_parameters: model.named_parameters(), to name each gradient's allreduce.
+        compression: Compression.none or Compression.fp16 for the allreduce.
+        backward_passes_per_step: backward passes that accumulate locally before reducing.
+        op: Average (default), Sum, Min, Max or Product.
+        gradient_predivide_factor: with Average, divide by this before the sum and by
+            size/factor after it.
+    """
+    M._check_process_set(process_set)
+    op = M.handle_average_backwards_compatibility(op, None)
+    if gradient_predivide_factor != 1.0 and op != M.Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    if groups is not None or num_groups:
+        warnings.warn("horovod_spark fuses gradients by itself; num_groups/groups are ignored")
+    if sparse_as_dense:
+        raise NotSupported("sparse gradients are not supported; use dense embeddings")
+    _state.engine()  # fail early, with the init() hint, when not initialized
+    cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
+    wrapped = cls.__new__(cls)
+    wrapped.__dict__.update(optimizer.__dict__)
+    wrapped._hvd_setup(named_parameters, compression, backward_passes_per_step, op,
+                       gradient_predivide_factor)
+    return wrapped
