@@ -7,6 +7,7 @@ every dtype and any reduction order; rounding is checked separately with
 hand-made halfway cases whose answers are written out as bit patterns.
 
 Prints "MPI CHECKS OK <n>" and exits 0, or prints every failure and exits 1.
+tests/mpi/_mpi_world.py runs these and the front-end checks in one launch.
 """
 from __future__ import annotations
 
@@ -174,7 +175,8 @@ def check_topology(c: Checker) -> None:
         c.failures.append(f"one machine should be one host: {t}")
 
 
-def main() -> int:
+def run_backend_checks() -> int:
+    """Every backend-level check on a fresh MpiBackend; prints OK or every failure; 0 or 1."""
     backend = MpiBackend.from_world()
     c = Checker(backend)
     try:
@@ -198,11 +200,11 @@ def main() -> int:
         backend.close()
         backend.close()  # safe twice
     for f in c.failures:
-        print("FAIL", f, flush=True)
+        print("FAIL backend", f, flush=True)
     if not c.failures:
         print(f"MPI CHECKS OK {c.count} rank {c.rank}/{c.size}", flush=True)
     return 1 if c.failures else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_backend_checks())

@@ -5,12 +5,14 @@ Communicator's conversions (torch in, torch out; AVERAGE; async Work) run on
 the MPI backend.  With argument `suite`, the shared collective suite
 (tests/collectives/suite.py) runs on the same communicator.
 
-Prints "MPI INIT OK rank r/n" and exits 0, or raises.
+Prints "MPI INIT OK rank r/n" (and "MPI SUITE OK") and exits 0, or prints
+the failure and exits 1.
 """
 from __future__ import annotations
 
 import os
 import sys
+import traceback
 
 import numpy as np
 
@@ -49,22 +51,28 @@ def _check_front_end(comm) -> None:
     comm.barrier()
 
 
-def main() -> int:
+def run_front_end_checks(suite: bool) -> int:
+    """init() + the front-end checks (+ the shared suite); prints OK lines; 0 or 1."""
     assert "HVS_RANK" not in os.environ
     comm = collectives.init()
+    status = 0
     try:
         _check_placement(comm)
         _check_front_end(comm)
-        if "suite" in sys.argv[1:]:
+        print(f"MPI INIT OK rank {comm.rank}/{comm.size}", flush=True)
+        if suite:
             sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "collectives"))
             from suite import check_all
 
-            check_all(comm)
+            ran = check_all(comm)
+            print(f"MPI SUITE OK {ran} rank {comm.rank}/{comm.size}", flush=True)
+    except Exception:  # noqa: BLE001 - report, then fail the launch
+        print("FAIL front end", traceback.format_exc(), flush=True)
+        status = 1
     finally:
         comm.close()
-    print(f"MPI INIT OK rank {comm.rank}/{comm.size}", flush=True)
-    return 0
+    return status
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_front_end_checks("suite" in sys.argv[1:]))

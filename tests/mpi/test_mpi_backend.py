@@ -7,16 +7,48 @@ import pytest
 
 from _mpi_support import HERE, REPO, mpiexec, python, requires_mpi
 
-CHECKS = os.path.join(HERE, "_mpi_checks.py")
+WORLD = os.path.join(HERE, "_mpi_world.py")
+HAS_SUITE = os.path.exists(os.path.join(REPO, "tests", "collectives", "suite.py"))
+_runs: dict = {}
+
+
+def _world(n: int):
+    """One mpiexec launch per world size runs every check; the tests read its output."""
+    if n not in _runs:
+        argv = [WORLD] + (["--front-end"] + (["--suite"] if HAS_SUITE else []) if n > 1 else [])
+        _runs[n] = mpiexec(n, argv, timeout=280)
+    return _runs[n]
+
+
+def _assert_part(n: int, marker: str) -> None:
+    proc = _world(n)
+    assert proc.stdout.count(marker) == n, proc.stdout[-8000:]  # one line per rank
 
 
 @pytest.mark.mpi
 @requires_mpi
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_every_op_dtype_and_count_matches_numpy_under_mpiexec(n):
-    proc = mpiexec(n, [CHECKS], timeout=180)
-    assert proc.returncode == 0, proc.stdout[-6000:]
-    assert proc.stdout.count("MPI CHECKS OK") == n, proc.stdout[-6000:]  # one line per rank
+    _assert_part(n, "MPI CHECKS OK")
+
+
+@pytest.mark.mpi
+@requires_mpi
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("n", [2, 3])
+def test_init_under_mpiexec_picks_the_mpi_backend_with_placement_from_mpi(n):
+    _assert_part(n, "MPI INIT OK")
+
+
+@pytest.mark.mpi
+@requires_mpi
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not HAS_SUITE, reason="the shared suite tests/collectives/suite.py is not written yet")
+@pytest.mark.parametrize("n", [2, 3])
+def test_the_shared_collective_suite_passes_under_mpiexec(n):
+    _assert_part(n, "MPI SUITE OK")
+    assert _world(n).returncode == 0, _world(n).stdout[-8000:]
 
 
 @pytest.mark.mpi
@@ -86,22 +118,3 @@ except NotSupported as exc:
     assert "cannot load an MPI runtime" in proc.stdout and "no-such-libmpi" in proc.stdout, proc.stdout
     assert "pip install mpi4py mpich" in proc.stdout
 
-
-@pytest.mark.mpi
-@requires_mpi
-@pytest.mark.parametrize("n", [2, 3])
-def test_init_under_mpiexec_picks_the_mpi_backend_with_placement_from_mpi(n):
-    proc = mpiexec(n, [os.path.join(HERE, "_mpi_init_prog.py")], timeout=120)
-    assert proc.returncode == 0, proc.stdout[-6000:]
-    assert proc.stdout.count("MPI INIT OK") == n, proc.stdout[-6000:]
-
-
-@pytest.mark.mpi
-@requires_mpi
-@pytest.mark.skipif(not os.path.exists(os.path.join(REPO, "tests", "collectives", "suite.py")),
-                    reason="the shared suite tests/collectives/suite.py is not written yet")
-@pytest.mark.parametrize("n", [2, 3])
-def test_the_shared_collective_suite_passes_under_mpiexec(n):
-    proc = mpiexec(n, [os.path.join(HERE, "_mpi_init_prog.py"), "suite"], timeout=240)
-    assert proc.returncode == 0, proc.stdout[-6000:]
-    assert proc.stdout.count("MPI INIT OK") == n, proc.stdout[-6000:]
