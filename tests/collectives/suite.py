@@ -21,7 +21,7 @@ from collectives import DType, ReduceOp
 FLOATS = ("float16", "bfloat16", "float32", "float64")
 INTS = ("int8", "int16", "int32", "int64", "uint8")
 DTYPES = FLOATS + INTS + ("bool",)
-LARGE_BYTES = 600 * 1024  # several shm steps and TCP chunks, above the one-step path
+LARGE_BYTES = 400 * 1024  # several shm steps and TCP chunks, above the one-step path
 
 
 def counts_for(dtype: str) -> tuple:
@@ -116,23 +116,32 @@ _AVERAGE_TOL = {"float16": 1e-3, "bfloat16": 1e-2, "float32": 1e-6, "float64": 1
 
 
 def check_allreduce(comm) -> None:
+    """Every op on counts 0, 1 and odd; sum and min also on a large count, and in place."""
     n = comm.size
     for dtype in DTYPES:
         if dtype == "bfloat16" and not _has_torch():
             continue
-        for count in counts_for(dtype):
-            for op in ops_for(dtype):
-                make = _product_inputs if op == ReduceOp.PRODUCT else values
-                want = _reference([make(q, count, dtype) for q in range(n)], op, dtype)
-                what = f"allreduce {op.name.lower()} {dtype}[{count}] size {n}"
-                # average divides after the sum; numpy may round the quotient otherwise
-                tol = _AVERAGE_TOL[dtype] if op == ReduceOp.AVERAGE else 0.0
-                got = comm.allreduce(tensor(make(comm.rank, count, dtype), dtype), op=op)
-                _equal(got, want, what, tol)
-                x = tensor(make(comm.rank, count, dtype), dtype)
-                got = comm.allreduce(x, out=x, op=op)
-                _equal(x, want, what + " in place", tol)
-                _equal(got, want, what + " in place (returned)", tol)
+        *small, large = counts_for(dtype)
+        for op in ops_for(dtype):
+            heavy = op in (ReduceOp.SUM, ReduceOp.MIN)
+            for count in small + [large] * heavy:
+                _check_allreduce_once(comm, dtype, count, op, in_place=heavy)
+
+
+def _check_allreduce_once(comm, dtype: str, count: int, op: ReduceOp, in_place: bool) -> None:
+    n = comm.size
+    make = _product_inputs if op == ReduceOp.PRODUCT else values
+    want = _reference([make(q, count, dtype) for q in range(n)], op, dtype)
+    what = f"allreduce {op.name.lower()} {dtype}[{count}] size {n}"
+    # average divides after the sum; numpy may round the quotient otherwise
+    tol = _AVERAGE_TOL[dtype] if op == ReduceOp.AVERAGE else 0.0
+    got = comm.allreduce(tensor(make(comm.rank, count, dtype), dtype), op=op)
+    _equal(got, want, what, tol)
+    if in_place:
+        x = tensor(make(comm.rank, count, dtype), dtype)
+        got = comm.allreduce(x, out=x, op=op)
+        _equal(x, want, what + " in place", tol)
+        _equal(got, want, what + " in place (returned)", tol)
 
 
 def check_scaling_and_async(comm) -> None:
@@ -191,22 +200,21 @@ def check_broadcast(comm) -> None:
 
 
 def check_reducescatter(comm) -> None:
+    """Sum with the default and an uneven split (ranks with no rows), max with the default."""
     n = comm.size
     for dtype in DTYPES:
         if dtype == "bfloat16" and not _has_torch():
             continue
         for count in counts_for(dtype):
             uneven = [count] if n == 1 else [count - count // 2] + [0] * (n - 2) + [count // 2]
-            splits = (None, uneven)
-            for op in (ReduceOp.SUM, ReduceOp.MAX):
-                for split in splits:
-                    inputs = [values(q, count, dtype) for q in range(n)]
-                    total = _reference(inputs, op, dtype)
-                    rows = split or [count // n + (1 if q < count % n else 0) for q in range(n)]
-                    start = sum(rows[:comm.rank])
-                    got = comm.reducescatter(tensor(inputs[comm.rank], dtype), op=op, counts=split)
-                    _equal(got, total[start:start + rows[comm.rank]],
-                           f"reducescatter {op.name.lower()} {dtype}[{count}] counts {rows}")
+            inputs = [values(q, count, dtype) for q in range(n)]
+            for op, split in ((ReduceOp.SUM, None), (ReduceOp.SUM, uneven), (ReduceOp.MAX, None)):
+                total = _reference(inputs, op, dtype)
+                rows = split or [count // n + (1 if q < count % n else 0) for q in range(n)]
+                start = sum(rows[:comm.rank])
+                got = comm.reducescatter(tensor(inputs[comm.rank], dtype), op=op, counts=split)
+                _equal(got, total[start:start + rows[comm.rank]],
+                       f"reducescatter {op.name.lower()} {dtype}[{count}] counts {rows}")
 
 
 def check_alltoall(comm) -> None:

@@ -137,18 +137,18 @@ Status ShmGroup::wait_slow(int local, uint64_t target) {
   }
 }
 
+// Dead processes first: a peer that gave up because of a dead one is not the news.
 Status ShmGroup::check_peers() const {
-  for (int j = 0; j < size(); ++j) {
-    if (j == me_) continue;
-    if (!process_alive(pids_[j]))
+  for (int j = 0; j < size(); ++j)
+    if (j != me_ && !process_alive(pids_[j]))
       return HVS_ERROR(Code::kPeerLost,
                        "local peer process " + std::to_string(pids_[j]) + " has exited", world_[j])
           .with_hint("see that rank's output for its error");
-    if (seg_->control(j).aborted.load(std::memory_order_acquire))
+  for (int j = 0; j < size(); ++j)
+    if (j != me_ && seg_->control(j).aborted.load(std::memory_order_acquire))
       return HVS_ERROR(Code::kPeerLost, "local peer gave up on the collective after an error",
                        world_[j])
           .with_hint("see that rank's error");
-  }
   return Status();
 }
 
