@@ -30,8 +30,11 @@ __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """Start every rank from root_rank's model and optimizer state.
 
-    Runs when training begins (Keras 3 builds the optimizer before that); an
-    optimizer that is still unbuilt then is broadcast after the first batch.
+    The model's weights go when training begins, if the model is built by then
+    (it is when it was made with keras.Input or called once), so the first step
+    already starts from root's weights.  The TensorFlow backend builds the
+    optimizer (and an unbuilt model) inside the first step, so what was not
+    there at the start goes after the first batch, as in Horovod.
     """
 
     def __init__(self, root_rank: int = 0, device: str = "") -> None:
@@ -41,7 +44,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self._optimizer_done = False
 
     def _broadcast(self) -> None:
-        if not self._model_done:
+        if not self._model_done and self.model.built and self.model.variables:
             broadcast_variables(self.model.variables, self.root_rank)
             self._model_done = True
         opt = getattr(self.model, "optimizer", None)
@@ -50,10 +53,11 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             self._optimizer_done = True
 
     def on_train_begin(self, logs=None):
+        self._model_done = self._optimizer_done = False  # every fit() starts in sync
         self._broadcast()
 
     def on_train_batch_end(self, batch, logs=None):
-        if not self._optimizer_done:
+        if not (self._model_done and self._optimizer_done):
             self._broadcast()
 
 

@@ -49,9 +49,9 @@ def check_not_xla(what: str) -> None:
 
     graph = tf.compat.v1.get_default_graph()
     if not tf.executing_eagerly() and control_flow_util.GraphOrParentsInXlaContext(graph):
-        raise ValueError(f"{what} cannot run inside an XLA-compiled function; compile the model "
-                         "with jit_compile=False (model.compile(..., jit_compile=False)) or use "
-                         "tf.function without jit_compile")
+        raise ValueError(f"collective '{what}' runs Python code, which XLA cannot compile; "
+                         "compile the model with jit_compile=False (Keras picks XLA on GPUs "
+                         "when jit_compile='auto') or use tf.function without jit_compile")
 
 
 def call(kernel: Callable, inputs: Sequence[tf.Tensor], touts: Sequence[tf.DType],
