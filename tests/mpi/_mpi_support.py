@@ -56,6 +56,22 @@ def mpiexec(n: int, argv: list, timeout: float = 120, env: dict | None = None) -
 
 
 def python(code: str, timeout: float = 60, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run `python -c code` (no MPI launcher) in a clean environment."""
-    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=clean_env(env),
-                          capture_output=True, text=True, timeout=timeout)
+    """Run `python -c code` (no MPI launcher) in a clean environment.
+
+    On timeout the process gets SIGTERM first (run_mpi then takes its mpiexec
+    down), then SIGKILL; the test fails.
+    """
+    cmd = [sys.executable, "-c", code]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=clean_env(env), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            out, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+        pytest.fail(f"python -c ... did not finish in {timeout} s; last output:\n{out[-3000:]}{err[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
