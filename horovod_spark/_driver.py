@@ -30,7 +30,8 @@ from ._output import LineSink, LogServer, parse_failure_markers
 
 __all__ = ["JobFailedError", "pickle_job", "run_on_spark", "run_on_driver", "JobOptions"]
 
-GRACE = 1.0          # seconds to wait for the root cause after the first failure record
+GRACE = 1.0          # seconds to wait for the root cause while only lost-peer errors are in
+SHORT_GRACE = 0.25   # ... while the best record is a rank that died without a word
 DRAIN = 5.0          # seconds to wait for the last output lines of every rank
 _COMM_ERRORS = ("PeerLostError", "CollectiveTimeout")
 _DEATHS = ("ProcessDied", "ProcessExited")
@@ -226,8 +227,12 @@ def failure_of(server: Optional[LogServer], exc: BaseException, np_: int) -> dic
     text = str(exc)
     markers = parse_failure_markers(text)
     if server is not None:
-        server.wait(lambda: len(server.failures) >= np_ or
-                    any(_priority(r) == 0 for r in server.failures), GRACE)
+        def best() -> int:
+            return min((_priority(r) for r in list(server.failures) + markers), default=9)
+
+        server.wait(lambda: len(server.failures) >= np_ or best() <= 1, GRACE)
+        server.wait(lambda: len(server.failures) >= np_ or best() == 0,
+                    SHORT_GRACE if best() == 1 else 0)
         records = list(server.failures) + markers
     else:
         records = markers

@@ -1,97 +1,139 @@
-"""The Spark Store: rank publications relayed through BarrierTaskContext.allGather.
+"""The Spark Store: the rendezvous store of a job on barrier tasks.
 
-Terms.  A *publication* is the one key a rank sets per communicator
-generation to announce itself: `{job}/.../rank/{rank}` (the mesh publishes
-`{job}/comm{gen}/mesh/rank/{rank}`, its host:port, host identity and pid; the
-NCCL unique id of rank 0 rides in the same blob).  A *round* is one
-`allGather` call made by every task of the barrier stage: each task sends its
-rank's publication and receives every rank's, in rank order.  The *local*
-store is the task's own TCP store server, which its rank process talks to.
+Terms.  Every task hosts a *task store* (a `StoreServer` bound to its
+executor's address) that its rank process connects to.  *Private* keys (the
+pickled function `{job}/fn`, the results `{job}/result/...`) live in the
+task store.  *Shared* keys (every other key under `{job}/`: the mesh
+publications, the native backend's shared-memory name, the NCCL unique id)
+live in one *job store*: the task store of rank 0.  The *round* is the one
+`BarrierTaskContext.allGather` in which every task learns the job store's
+address; it runs once per job attempt, when the task's rank first touches a
+shared key, and never for a function that never calls `collectives.init()`.
 
-Every task runs the same rounds in the same order because every rank sets
-exactly one publication per generation; that is the bootstrap contract of
-docs/architecture.md.  Any other key stays in the local store.  Keys are
-prefixed by the job and its attempt (`job`), and a message whose key lies
-outside that prefix, or claims another rank's publication as its own, is
-refused, so a stale round of an earlier attempt can never be mixed in.
+So a rank's store traffic is: private keys locally; shared keys forwarded to
+the job store (rank 0's task serves them itself), over connections that run
+the HMAC handshake with the job secret like every other.  Forwarding, not
+replaying rounds, is why any pattern of store use works (one rank sets, the
+others wait; atomic counters) at the cost of exactly one allGather, about a
+second on Spark, whose barrier RPC is polled once a second.
+
+A round that never completes (a rank that never calls init()) fails the
+waiting rank's store request after `round_timeout`, with a message naming it.
 """
 from __future__ import annotations
 
-import base64
 import json
-import re
+import threading
 from typing import Callable, List, Optional
 
-from collectives.store import InMemoryStore, Store
+from collectives.errors import CollectiveTimeout, describe
+from collectives.store import StoreServer, TCPStore
 
 __all__ = ["SparkStore"]
 
 
-class SparkStore(Store):
-    """A Store for one barrier task whose publications travel through allGather.
+class SparkStore(StoreServer):
+    """The task store of one rank; forwards shared keys to rank 0's (see the module docstring).
 
     Args:
-        all_gather: `BarrierTaskContext.allGather` (str -> list of str, rank order).
-        rank: this task's rank (its partition id).
+        bind: this executor's address (the task's address from getTaskInfos()).
+        secret: the job secret.
         job: the key prefix of this job and attempt.
-        local: where keys live in this task (default: a new in-memory store).
+        rank: this task's rank; rank 0 serves the shared keys itself.
+        all_gather: `BarrierTaskContext.allGather` (str -> list of str in rank order).
+        size: the number of tasks.
     """
 
-    def __init__(self, all_gather: Callable[[str], List[str]], rank: int, job: str,
-                 local: Optional[Store] = None) -> None:
-        self._all_gather, self.rank, self.job = all_gather, rank, job.rstrip("/")
-        self.local = local if local is not None else InMemoryStore()
-        self._pattern = re.compile(re.escape(self.job) + r"/(?:.+/)?rank/(\d+)")
+    def __init__(self, bind: str, secret: bytes, job: str, rank: int, size: int,
+                 all_gather: Callable[[str], List[str]], round_timeout: float = 300.0) -> None:
+        super().__init__(bind, 0, secret)
+        self.job, self.rank, self.size = job.rstrip("/"), rank, size
+        self._all_gather, self._round_timeout = all_gather, round_timeout
+        self._round_lock = threading.Lock()
+        self._round_started = False
+        self._round_done = threading.Event()
+        self._round_error: Optional[BaseException] = None
+        self.job_store: Optional[str] = self.address if rank == 0 else None
+        self._tls = threading.local()
+        self._clients: list = []
         self.rounds = 0
 
-    def publication_rank(self, key: str) -> Optional[int]:
-        """The rank a publication key belongs to, or None if `key` is not one."""
-        m = self._pattern.fullmatch(key)
-        return int(m.group(1)) if m else None
+    def is_shared(self, key: str) -> bool:
+        head = self.job + "/"
+        return key.startswith(head) and key != head + "fn" and not key.startswith(head + "result/")
 
-    def is_own_publication(self, key: str) -> bool:
-        return self.publication_rank(key) == self.rank
+    # -- the round -----------------------------------------------------------
+    def _start_round(self) -> None:
+        with self._round_lock:
+            if self._round_started:
+                return
+            self._round_started = True
+        threading.Thread(target=self._round, name="hvs-spark-store-round", daemon=True).start()
 
-    def publish(self, key: str, value: bytes) -> None:
-        """One round: send this rank's publication, store every rank's."""
-        if not self.is_own_publication(key):
-            raise ValueError(f"{key!r} is not a publication of rank {self.rank} in job {self.job!r}")
-        msg = json.dumps({"k": key, "v": base64.b64encode(bytes(value)).decode()})
-        replies = self._all_gather(msg)
-        self.rounds += 1
-        for sender, reply in enumerate(replies):
-            k, v = self._decode(sender, reply)
-            if sender != self.rank:
-                self.local.set(k, v)
-
-    def _decode(self, sender: int, reply: str):
+    def _round(self) -> None:
         try:
-            obj = json.loads(reply)
-            key, value = obj["k"], base64.b64decode(obj["v"])
-        except (ValueError, KeyError, TypeError):
-            raise ValueError(f"allGather round {self.rounds}: task {sender} sent a malformed "
-                             f"publication") from None
-        if self.publication_rank(key) != sender:
-            raise ValueError(f"allGather round {self.rounds}: task {sender} sent {key!r}, which is "
-                             f"not its publication in job {self.job!r}; are two jobs or attempts "
-                             f"mixed in one barrier stage?")
-        return key, value
+            msg = json.dumps({"job": self.job, "rank": self.rank, "store": self.address})
+            replies = [json.loads(r) for r in self._all_gather(msg)]
+            self.rounds += 1
+            for sender, reply in enumerate(replies):
+                if reply.get("job") != self.job or reply.get("rank") != sender:
+                    raise ValueError(describe(
+                        f"task {sender} answered the store round for job {reply.get('job')!r}, "
+                        f"not {self.job!r}", rank=self.rank, size=self.size, op="rendezvous",
+                        hint="two jobs or attempts share one barrier stage"))
+            self.job_store = replies[0]["store"]
+        except BaseException as exc:
+            self._round_error = exc
+        finally:
+            self._round_done.set()
 
+    def _job_store(self) -> Optional[TCPStore]:
+        """A client of the job store for this connection's thread; None on rank 0."""
+        self._start_round()
+        if self.rank == 0:
+            return None
+        if not self._round_done.wait(self._round_timeout):
+            raise CollectiveTimeout(describe(
+                "the store round (BarrierTaskContext.allGather) did not complete",
+                rank=self.rank, size=self.size, op="rendezvous", timeout=self._round_timeout,
+                hint="does every rank call collectives.init() the same number of times?"))
+        if self._round_error is not None:
+            raise self._round_error
+        client = getattr(self._tls, "client", None)
+        if client is None:
+            client = TCPStore.connect(self.job_store, self._secret)
+            self._tls.client = client
+            self._clients.append(client)
+        return client
+
+    # -- Store, as the rank process sees it -----------------------------------
     def set(self, key, value):
-        if self.is_own_publication(key):
-            self.local.set(key, value)
-            self.publish(key, value)
+        remote = self._job_store() if self.is_shared(key) else None
+        if remote is None:
+            super().set(key, value)
         else:
-            self.local.set(key, value)
+            remote.set(key, value)
 
     def get(self, key, timeout=None):
-        return self.local.get(key, timeout)
+        remote = self._job_store() if self.is_shared(key) else None
+        return super().get(key, timeout) if remote is None else remote.get(key, timeout)
 
     def add(self, key, amount):
-        return self.local.add(key, amount)
-
-    def delete(self, key):
-        self.local.delete(key)
+        remote = self._job_store() if self.is_shared(key) else None
+        return super().add(key, amount) if remote is None else remote.add(key, amount)
 
     def check(self, key):
-        return self.local.check(key)
+        remote = self._job_store() if self.is_shared(key) else None
+        return super().check(key) if remote is None else remote.check(key)
+
+    def delete(self, key):
+        remote = self._job_store() if self.is_shared(key) else None
+        if remote is None:
+            super().delete(key)
+        else:
+            remote.delete(key)
+
+    def close(self) -> None:
+        for client in self._clients:
+            client.close()
+        super().close()

@@ -3,11 +3,10 @@
 Terms.  The *task* is the PySpark worker running `run_task` for one partition;
 its partition id is the *rank*.  The *child* is the rank process
 (`python -m collectives.worker`) the task starts: crash isolation, a clean
-CUDA context, and its own process group.  The *local store* is a TCP store
-server the task hosts on 127.0.0.1 for its child only; the task puts the
-pickled function in it, relays the child's publications through the Spark
-Store (one `allGather` round each, on a *relay thread* so the task keeps
-watching its child), and reads the child's result from it.
+CUDA context, and its own process group.  The *task store* (`_spark_store.SparkStore`) is
+the store server the task hosts on its executor's address: the task puts the
+pickled function in it and reads the child's result from it; the keys the
+ranks share go to rank 0's task store, found in one `allGather` round.
 
 Placement comes from `BarrierTaskContext.getTaskInfos()`: a rank's host is the
 host part of its task's address; local rank is its order among the ranks on
@@ -28,7 +27,6 @@ import ctypes
 import dataclasses
 import os
 import pickletools
-import queue
 import signal
 import subprocess
 import sys
@@ -73,12 +71,15 @@ def _die_with_parent() -> None:
     _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the child dies with this task
 
 
-def placement(ctx, spec: TaskSpec, store_addr: str):
-    """This task's RankEnv, from the addresses of every task of the stage."""
+def task_hosts(ctx) -> list:
+    """The host part of every task's address, in rank order."""
+    return [info.address.rsplit(":", 1)[0].strip("[]") for info in ctx.getTaskInfos()]
+
+
+def placement(hosts: list, rank: int, spec: TaskSpec, store_addr: str):
+    """This task's RankEnv: local rank = order among the ranks on the same host."""
     from collectives.launch import rank_envs
 
-    hosts = [info.address.rsplit(":", 1)[0] for info in ctx.getTaskInfos()]
-    rank = ctx.partitionId()
     renv = rank_envs(len(hosts), store_addr, spec.secret, spec.job, hosts)[rank]
     return dataclasses.replace(renv, bind_addr=hosts[rank])
 
@@ -117,37 +118,19 @@ class RankProcess:
     """The child of one task, from start to its result or its failure record."""
 
     def __init__(self, spec: TaskSpec, ctx) -> None:
-        from collectives.store import TCPStore
-
         from ._spark_store import SparkStore
 
         self.spec, self.ctx, self.rank = spec, ctx, ctx.partitionId()
-        self.size = len(ctx.getTaskInfos())
+        hosts = task_hosts(ctx)
+        self.size = len(hosts)
         self.aborted = False
         self.tail: collections.deque = collections.deque(maxlen=TAIL)
-        self._relay_q: queue.Queue = queue.Queue()
-        self._relay_error: list = []
-        self.server = TCPStore.serve("127.0.0.1", spec.secret, on_set=self._on_set)
-        self.store = SparkStore(ctx.allGather, self.rank, spec.job, local=self.server)
-        self.renv = placement(ctx, spec, self.server.address)
+        self.server = SparkStore(hosts[self.rank], spec.secret, spec.job, self.rank, self.size,
+                                 ctx.allGather)
+        self.renv = placement(hosts, self.rank, spec, self.server.address)
         self.log = LogClient(spec.log_address, spec.secret, spec.job, self.rank, on_abort=self.abort)
         self.child: Optional[subprocess.Popen] = None
         self._pumps: list = []
-
-    def _on_set(self, key: str, value: bytes) -> None:
-        if self.store.is_own_publication(key):
-            self._relay_q.put((key, value))
-
-    def _relay(self) -> None:
-        while True:
-            item = self._relay_q.get()
-            if item is None:
-                return
-            try:
-                self.store.publish(*item)
-            except Exception as exc:
-                self._relay_error.append(exc)
-                return
 
     def start(self) -> None:
         self.server.set(f"{self.spec.job}/fn", self.spec.payload)
@@ -161,7 +144,6 @@ class RankProcess:
             t = threading.Thread(target=self._pump, args=(pipe, stream), daemon=True)
             t.start()
             self._pumps.append(t)
-        threading.Thread(target=self._relay, name="hvs-relay", daemon=True).start()
 
     def _pump(self, pipe, stream: str) -> None:
         for raw in iter(pipe.readline, b""):
@@ -190,14 +172,7 @@ class RankProcess:
             pass
 
     def wait(self) -> int:
-        """Wait for the child; a relay failure kills it."""
-        while True:
-            try:
-                rc = self.child.wait(timeout=0.05)
-                break
-            except subprocess.TimeoutExpired:
-                if self._relay_error:
-                    self.kill()
+        rc = self.child.wait()
         for t in self._pumps:
             t.join(timeout=2.0)
         return rc
@@ -206,7 +181,7 @@ class RankProcess:
         """The pickled ("ok", value) record, or raise RankFailure."""
         key = f"{self.spec.job}/result/{self.rank}"
         blob = self.server.get(key) if self.server.check(key) else None
-        if blob is not None and _status(blob) == "ok" and not self._relay_error:
+        if blob is not None and _status(blob) == "ok":
             from ._checks import check_result_size
 
             if self.spec.rank0_only and self.rank != 0:
@@ -228,9 +203,6 @@ class RankProcess:
             rec = cloudpickle.loads(blob)
             etype, message, tb = rec[1], rec[2], rec[3]
             exc_blob = rec[4] if len(rec) > 4 else b""
-        elif self._relay_error:
-            err = self._relay_error[0]
-            etype, message, tb = type(err).__name__, f"bootstrap relay failed: {err}", ""
         elif rc < 0:
             name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else -rc
             etype, message, tb = "ProcessDied", f"the rank process was killed by signal {name}", ""
@@ -251,7 +223,6 @@ class RankProcess:
         raise RankFailure(text + "\n" + failure_marker(short))
 
     def cleanup(self) -> None:
-        self._relay_q.put(None)
         self.kill()
         if self.child is not None:
             try:
