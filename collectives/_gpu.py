@@ -149,7 +149,10 @@ def device_buffer(x, what: str = "tensor") -> DeviceBuffer:
         if not x.is_contiguous():
             raise ValueError(f"{what}: the CUDA tensor is not contiguous; call .contiguous() first")
         return DeviceBuffer(x.data_ptr(), x.numel(), x.element_size(), x.device.index, "torch", x)
-    if not hasattr(x, "__cuda_array_interface__") and hasattr(x, "__dlpack_device__"):
+    if not is_cuda_buffer(x):
+        raise TypeError(f"{what}: expected a CUDA buffer (torch CUDA tensor, CuPy array), "
+                        f"got {type(x).__name__}")
+    if not hasattr(x, "__cuda_array_interface__"):  # DLPack only
         import cupy
 
         x = cupy.from_dlpack(x)  # zero-copy

@@ -1,0 +1,80 @@
+"""NCCL bootstrap through a real Store: one record per rank, rank 0's unique id, shared-GPU refusal."""
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from collectives.backends._nccl_boot import bootstrap
+from collectives.backends.base import Topology
+from collectives.errors import CollectiveError, CollectiveTimeout
+from collectives.store import InMemoryStore
+
+
+def _run_ranks(hosts, gpus, store=None, timeout=10.0, only=None):
+    """bootstrap() on one thread per rank; returns each rank's unique id or exception."""
+    store = store or InMemoryStore()
+    size = len(hosts)
+    results: dict = {}
+    made = []
+
+    def make_uid():
+        made.append(1)
+        return os.urandom(128)
+
+    def rank_main(r):
+        topo = Topology(rank=r, size=size, hosts=tuple(hosts))
+        try:
+            results[r] = bootstrap(store, topo, "job1/comm0", gpus[r], make_uid, timeout)
+        except Exception as exc:  # noqa: BLE001 - the test inspects it
+            results[r] = exc
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in (only or range(size))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return results, store, len(made)
+
+
+def test_every_rank_gets_rank_zeros_unique_id_from_one_record_each():
+    results, store, made = _run_ranks(["a", "a", "b"], ["0000:01:00.0", "0000:02:00.0", "0000:01:00.0"])
+    assert made == 1
+    assert len({results[r] for r in range(3)}) == 1 and len(results[0]) == 128
+    keys = sorted(k for k in store._data)  # the only keys set: one publication per rank
+    assert keys == [f"job1/comm0/nccl/rank/{r}" for r in range(3)]
+
+
+def test_the_bootstrap_runs_over_the_spark_tasks_store_as_a_shared_key():
+    spark_store = pytest.importorskip("horovod_spark._spark_store")
+    store = spark_store.SparkStore("127.0.0.1", os.urandom(32), "job1", 0, 1, lambda msg: [msg])
+    try:
+        assert store.is_shared("job1/comm0/nccl/rank/0")
+        results, _, _ = _run_ranks(["a"], ["0000:01:00.0"], store=store)
+        assert isinstance(results[0], bytes) and len(results[0]) == 128
+    finally:
+        store.close()
+
+
+def test_ranks_sharing_a_gpu_are_refused_on_every_rank_before_nccl_starts():
+    results, _, _ = _run_ranks(["a", "a", "a"], ["0000:01:00.0", "0000:02:00.0", "0000:01:00.0"])
+    messages = {str(results[r]) for r in range(3)}
+    assert all(isinstance(results[r], CollectiveError) for r in range(3))
+    assert len(messages) == 1, messages  # the same words on every rank
+    assert "ranks 0, 2 on host a share GPU 0000:01:00.0" in messages.pop()
+
+
+def test_a_rank_that_never_publishes_is_named_after_the_timeout():
+    results, _, _ = _run_ranks(["a", "b"], ["x", "y"], timeout=0.5, only=[0])
+    err = results[0]
+    assert isinstance(err, CollectiveTimeout)
+    assert "nccl init on rank 0/2: no NCCL bootstrap record (peer rank 1) after 0.5 s" in str(err)
+
+
+def test_a_malformed_unique_id_from_rank_zero_is_refused():
+    store = InMemoryStore()
+    store.set("job1/comm0/nccl/rank/0", b'{"host": "a", "gpu": "0", "uid": "abcd"}')
+    topo = Topology(rank=1, size=2, hosts=("a", "b"))
+    with pytest.raises(CollectiveError, match="rank 0's NCCL unique id has 2 bytes, not 128"):
+        bootstrap(store, topo, "job1/comm0", "1", lambda: b"", 5.0)
