@@ -73,6 +73,7 @@ class NcclBackend(Backend):
         self._seq = 0
         self._streams: dict = {}
         self._closed = False
+        self._token = None  # the barrier's one-element device buffer
         from ._nccl_watchdog import Watchdog
 
         self._watchdog = Watchdog(config.timeout, comm.check_async_error, comm.abort,
@@ -305,7 +306,7 @@ class NcclBackend(Backend):
     def barrier(self) -> None:
         """Every rank reaches here, and this rank's queued NCCL work is done."""
         with self._cupy.cuda.Device(self.device):
-            if getattr(self, "_token", None) is None:
+            if self._token is None:
                 self._token = self._cupy.zeros(1, dtype=np.int32)
         b = self._wrap(self._token)
         stream = self.stream_of(None)
