@@ -21,14 +21,15 @@ import os
 import signal
 import sys
 import uuid
-from typing import Mapping, Optional, Sequence, Tuple
+from typing import Mapping, Optional, Tuple
 
 from collectives.errors import describe
 
 from . import _checks
 from ._output import LineSink, LogServer, parse_failure_markers
+from ._pickling import code_files, pickle_job, restore_frames
 
-__all__ = ["JobFailedError", "pickle_job", "run_on_spark", "run_on_driver", "JobOptions"]
+__all__ = ["JobFailedError", "run_on_spark", "run_on_driver", "JobOptions"]
 
 GRACE = 1.0          # seconds to wait for the root cause while only lost-peer errors are in
 SHORT_GRACE = 0.25   # ... while the best record is a rank that died without a word
@@ -40,7 +41,10 @@ _DEATHS = ("ProcessDied", "ProcessExited")
 class JobFailedError(RuntimeError):
     """A rank failed; names it, its error or exit status, its traceback and last output."""
 
-    def __init__(self, record: dict, attempt: int = 0, attempts: int = 1) -> None:
+    def __init__(self, record: dict, attempt: int = 0, attempts: int = 1,
+                 files: Optional[Mapping[str, str]] = None) -> None:
+        if files and record.get("traceback"):
+            record = dict(record, traceback=restore_frames(record["traceback"], files))
         self.record = record
         self.rank: Optional[int] = record.get("rank")
         self.size: Optional[int] = record.get("size")
@@ -91,103 +95,6 @@ class JobFailedError(RuntimeError):
             return cloudpickle.loads(base64.b64decode(blob))
         except Exception:
             return None
-
-
-# --------------------------------------------------------------------------- pickling
-
-def _captured(fn):
-    """(label, object) for what a function carries into a pickle."""
-    if isinstance(fn, functools.partial):
-        yield f"{_name(fn)}.func", fn.func
-        yield from ((f"argument {i} of the partial", a) for i, a in enumerate(fn.args))
-        yield from ((f"keyword {k!r} of the partial", v) for k, v in fn.keywords.items())
-        return
-    if hasattr(fn, "__self__") and hasattr(fn, "__func__"):
-        yield "the object of the bound method", fn.__self__
-        fn = fn.__func__
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        yield from ((f"attribute {k!r}", v) for k, v in getattr(fn, "__dict__", {}).items())
-        return
-    for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
-        try:
-            yield f"closure variable {name!r}", cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-    for name in sorted(_global_names(code)):
-        if name in fn.__globals__:
-            yield f"global {name!r}", fn.__globals__[name]
-    yield from ((f"default of argument {i}", d) for i, d in enumerate(fn.__defaults__ or ()))
-    yield from ((f"default of {k!r}", d) for k, d in (fn.__kwdefaults__ or {}).items())
-
-
-def _global_names(code) -> set:
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if hasattr(const, "co_names"):
-            names |= _global_names(const)
-    return names
-
-
-def _children(obj):
-    if callable(obj) and (hasattr(obj, "__code__") or isinstance(obj, functools.partial)):
-        yield from ((f" ({label})", sub) for label, sub in _captured(obj))
-    elif isinstance(obj, (list, tuple, set, frozenset)):
-        yield from ((f"[{i}]", sub) for i, sub in enumerate(obj))
-    elif isinstance(obj, dict):
-        yield from ((f"[{k!r}]", sub) for k, sub in obj.items())
-    elif hasattr(obj, "__dict__") and not isinstance(obj, type):
-        yield from ((f".{k}", sub) for k, sub in vars(obj).items())
-
-
-def find_unpicklable(obj, label: str, depth: int = 0):
-    """(path, object, error) of the innermost part of `obj` cloudpickle refuses, or None."""
-    import cloudpickle
-
-    try:
-        cloudpickle.dumps(obj)
-        return None
-    except Exception as exc:
-        error = exc
-    if depth < 4:
-        for sub_label, sub in _children(obj):
-            found = find_unpicklable(sub, label + sub_label, depth + 1)
-            if found is not None:
-                return found
-    return label, obj, error
-
-
-def _name(fn) -> str:
-    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
-
-
-def pickle_job(fn, args: Sequence = (), kwargs: Optional[Mapping] = None) -> bytes:
-    """cloudpickle of (fn, args, kwargs).
-
-    Raises:
-        TypeError: naming the captured object that cannot be pickled.
-    """
-    import cloudpickle
-
-    if not callable(fn):
-        raise TypeError(f"the training function must be callable, got {type(fn).__name__}")
-    args, kwargs = tuple(args), dict(kwargs or {})
-    try:
-        return cloudpickle.dumps((fn, args, kwargs))
-    except Exception as exc:
-        parts = [(_name(fn), fn)] + [(f"argument {i}", a) for i, a in enumerate(args)] + \
-                [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
-        for label, part in parts:
-            found = find_unpicklable(part, label)
-            if found is not None:
-                path, culprit, error = found
-                raise TypeError(
-                    f"cannot send {_name(fn)} to the ranks: {path} is a "
-                    f"{type(culprit).__module__}.{type(culprit).__qualname__}, which cannot be "
-                    f"pickled ({type(error).__name__}: {error}); create it inside the function, "
-                    f"or pass what it is made from as an argument") from exc
-        raise TypeError(f"cannot pickle {_name(fn)} and its arguments: "
-                        f"{type(exc).__name__}: {exc}") from exc
 
 
 # --------------------------------------------------------------------------- failures
@@ -283,7 +190,7 @@ def run_on_driver(fn, args, kwargs, opts: JobOptions) -> list:
                    "error_type": exc.error_type, "message": exc.message,
                    "traceback": exc.remote_traceback, "tail": exc.output_tail.splitlines(),
                    "exc_blob": base64.b64encode(exc.exc_blob or b"").decode()}
-            err = JobFailedError(rec, attempt, opts.max_restarts + 1)
+            err = JobFailedError(rec, attempt, opts.max_restarts + 1, code_files(fn))
             if not _restarting(opts, attempt, err):
                 raise err from None
     raise AssertionError("unreachable")
@@ -317,7 +224,8 @@ def run_on_spark(spark, fn, args, kwargs, opts: JobOptions) -> list:
         if attempt:
             _checks.wait_for_slots(sc, opts.np, opts.start_timeout)
         try:
-            return _attempt(sc, payload, secret, f"{job_id}/a{attempt}", limit, opts, attempt)
+            return _attempt(sc, payload, secret, f"{job_id}/a{attempt}", limit, opts, attempt,
+                            code_files(fn))
         except JobFailedError as err:
             if not _restarting(opts, attempt, err):
                 raise
@@ -325,7 +233,7 @@ def run_on_spark(spark, fn, args, kwargs, opts: JobOptions) -> list:
 
 
 def _attempt(sc, payload: bytes, secret: bytes, job: str, limit: int, opts: JobOptions,
-             attempt: int) -> list:
+             attempt: int, files: Mapping[str, str]) -> list:
     from ._task import TaskSpec, run_task
 
     server = _log_server(sc, secret, job, opts)
@@ -343,7 +251,7 @@ def _attempt(sc, payload: bytes, secret: bytes, job: str, limit: int, opts: JobO
         ok = True
     except Exception as exc:  # py4j's Py4JJavaError and friends: Spark's account of the failure
         record = failure_of(server, exc, opts.np)
-        raise JobFailedError(record, attempt, opts.max_restarts + 1) from None
+        raise JobFailedError(record, attempt, opts.max_restarts + 1, files) from None
     finally:
         _finish(sc, server, tag, ok, opts.np)
     return _values(rows, opts)

@@ -136,7 +136,6 @@ class LogServer:
         self.failures: list = []   # failure records, in order of arrival
         self.done: set = set()     # ranks whose every line arrived
         self.rejected = 0          # connections that failed the handshake or the hello
-        self._closed = False
         threading.Thread(target=self._accept_loop, name="hvs-log-accept", daemon=True).start()
 
     def _accept_loop(self) -> None:
@@ -220,7 +219,6 @@ class LogServer:
                 pass
 
     def close(self) -> None:
-        self._closed = True
         try:
             self._listener.close()
         except OSError:

@@ -33,7 +33,7 @@ import sys
 import sysconfig
 import threading
 import time
-from typing import Iterator, Mapping, Optional, Tuple
+from typing import Iterator, Optional, Tuple
 
 from ._output import CALLBACK_MARK, LogClient, failure_marker
 

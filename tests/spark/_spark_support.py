@@ -1,0 +1,90 @@
+"""Helpers for the Spark tests: real sessions, rank-process counting, fake GPUs.
+
+Each test module starts one session with a module-scoped fixture and stops it
+at the end, so modules can use different masters (local[2], local-cluster).
+Rank functions are pickled by value (`by_value`), so executors need only the
+repository on their PYTHONPATH, never the test modules.
+"""
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import time
+import uuid
+
+import cloudpickle
+import psutil
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+# A discovery script that hands out GPU addresses 0, 1, 2, ... one per call (one per
+# worker of a local-cluster), so each executor, and so each rank, owns a distinct GPU.
+GPU_SCRIPT = """#!/bin/bash
+exec 9>>"{dir}/lock"
+flock 9
+n=$(cat "{dir}/count" 2>/dev/null || echo 0)
+echo $((n + 1)) > "{dir}/count"
+echo "{{\\"name\\": \\"gpu\\", \\"addresses\\": [\\"$n\\"]}}"
+"""
+
+
+def by_value(module_name: str) -> None:
+    """Pickle the rank functions of a test module by value."""
+    cloudpickle.register_pickle_by_value(sys.modules[module_name])
+
+
+def start_session(master: str, conf: dict | None = None):
+    import pyspark
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("SPARK_HOME", os.path.dirname(pyspark.__file__))
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = (SparkSession.builder.master(master).appName("horovod-spark-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.executorEnv.PYTHONPATH", REPO))
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def write_gpu_script(directory: str) -> str:
+    path = os.path.join(directory, "discover_gpus.sh")
+    with open(path, "w") as f:
+        f.write(GPU_SCRIPT.format(dir=directory))
+    os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
+    return path
+
+
+def new_tag() -> str:
+    """A value for the HVS_TEST_TAG variable, which marks this test's rank processes."""
+    return uuid.uuid4().hex
+
+
+def rank_processes(tag: str) -> list:
+    """Live rank processes (on any executor of this machine) of the job tagged `tag`."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if "collectives.worker" in " ".join(proc.info["cmdline"] or []) and \
+                    proc.environ().get("HVS_TEST_TAG") == tag and \
+                    proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def wait_until_no_rank_processes(tag: str, timeout: float = 30.0) -> list:
+    """Rank processes still alive after `timeout` (expected: none)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = rank_processes(tag)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
