@@ -38,6 +38,9 @@ def _train(model, opt, x, y, steps):
 
 def main() -> int:
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+    if not torch.cuda.is_available():
+        print(f"GPU CNN needs a CUDA GPU; torch {torch.__version__} sees none", flush=True)
+        return 2
     hvd.init()
     torch.cuda.set_device(hvd.local_rank())
     dev = torch.device("cuda", hvd.local_rank())
