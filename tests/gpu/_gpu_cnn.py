@@ -9,12 +9,14 @@ Prints "GPU CNN OK rank r/n loss a -> b" and exits 0, or raises.
 from __future__ import annotations
 
 import copy
+import os
 import sys
 
 import torch
 from sklearn.datasets import load_digits
 
-import horovod_spark.torch as hvd
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+import horovod_spark.torch as hvd  # noqa: E402
 
 
 def _model() -> torch.nn.Module:
