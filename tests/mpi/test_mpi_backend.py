@@ -53,6 +53,14 @@ def test_the_shared_collective_suite_passes_under_mpiexec(n):
 
 @pytest.mark.mpi
 @requires_mpi
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("n", [2, 3])
+def test_nccls_unique_id_travels_over_mpi_when_there_is_no_store(n):
+    _assert_part(n, "MPI NCCL BOOT OK")
+
+
+@pytest.mark.mpi
+@requires_mpi
 def test_launched_by_mpiexec_is_true_inside_mpiexec_and_false_outside():
     code = ("import os, sys; from collectives.backends.mpi import launched_by_mpiexec as l; "
             "print('LAUNCHED', l(os.environ))")
