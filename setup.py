@@ -20,6 +20,13 @@ class _PybindInclude:
         return pybind11.get_include()
 
 
+try:  # compile the native sources in parallel (pybind11 is a build requirement)
+    from pybind11.setup_helpers import ParallelCompile
+
+    ParallelCompile("HVS_BUILD_JOBS").install()
+except ImportError:
+    pass
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "native", "src", "**", "*.cc"),
                                                               recursive=True))
