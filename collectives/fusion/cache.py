@@ -9,11 +9,16 @@ without ever being sent.
 
 One name has at most one entry: a new signature for a known name (a shape
 that changed, say) evicts the old entry; the freed bit is reused lowest
-first, so slots stay deterministic.  Past `capacity` entries, new signatures
-are simply not cached and go through full negotiation every time.
+first, so slots stay deterministic.  At `capacity` entries (Horovod's
+HOROVOD_CACHE_CAPACITY default, 1024) the least recently *used* entry (used:
+agreed ready in a cycle, which every rank sees alike) makes room, so unique
+names (barriers, unnamed ops) never grow the coordination vector without
+bound.  A rank whose pending request loses its entry simply announces it
+again in the next cycle.
 """
 from __future__ import annotations
 
+import collections
 import heapq
 from typing import Dict, List, Optional
 
@@ -23,9 +28,9 @@ __all__ = ["ResponseCache"]
 
 
 class ResponseCache:
-    def __init__(self, capacity: int = 4096) -> None:
+    def __init__(self, capacity: int = 1024) -> None:
         self.capacity = capacity
-        self._bit: Dict[Signature, int] = {}
+        self._bit: "collections.OrderedDict[Signature, int]" = collections.OrderedDict()
         self._by_name: Dict[str, Signature] = {}
         self._slots: List[Optional[Signature]] = []
         self._free: List[int] = []
@@ -38,10 +43,12 @@ class ResponseCache:
         return self._bit.get(sig)
 
     def at(self, bit: int) -> Signature:
+        """The signature of a bit reported ready (which marks it recently used)."""
         sig = self._slots[bit]
         if sig is None:
             raise AssertionError(f"response cache bit {bit} is free but was reported ready; "
                                  "the ranks' caches diverged")
+        self._bit.move_to_end(sig)
         return sig
 
     def by_name(self, name: str) -> Optional[Signature]:
@@ -51,13 +58,13 @@ class ResponseCache:
         if sig in self._bit:
             return
         self.evict(sig.name)
+        if not self._free and len(self._slots) >= self.capacity:
+            self.evict(next(iter(self._bit)).name)  # the least recently used
         if self._free:
             bit = heapq.heappop(self._free)
-        elif len(self._slots) < self.capacity:
+        else:
             bit = len(self._slots)
             self._slots.append(None)
-        else:
-            return
         self._slots[bit] = sig
         self._bit[sig] = bit
         self._by_name[sig.name] = sig

@@ -20,9 +20,8 @@ allgather of every rank's announcements (JSON signatures, see table.py).
 """
 from __future__ import annotations
 
-import dataclasses
 import json
-from typing import List, Sequence
+from typing import List, NamedTuple, Sequence
 
 import numpy as np
 
@@ -36,8 +35,7 @@ _LOW = (1 << 16) - 1
 MAX_RANKS = (1 << 15) - 1  # DATA * size must fit in int32
 
 
-@dataclasses.dataclass(frozen=True)
-class CycleResult:
+class CycleResult(NamedTuple):
     stall: bool
     joined: tuple          # bool per rank
     shutdown: tuple        # ranks shutting down
@@ -69,17 +67,17 @@ class Layout:
         return vec
 
     def parse(self, vec: np.ndarray) -> CycleResult:
-        n = self.size
-        bits = vec[self.bits:]
-        high = bits >> 16
-        ready = np.flatnonzero(((bits & _LOW) == n) & (high > 0)).tolist()
+        n, values = self.size, vec.tolist()  # small: plain Python beats numpy calls
+        head, bits = values[:self.bits], values[self.bits:]
+        ready = [b for b, v in enumerate(bits) if v & _LOW == n and v > n]
+        active = bool(bits) and max(bits) > _LOW
         return CycleResult(
-            stall=bool(vec[0]),
-            joined=tuple(bool(v) for v in vec[1:1 + n]),
-            shutdown=tuple(int(r) for r in np.flatnonzero(vec[1 + n:1 + 2 * n])),
-            announce=tuple(int(v) for v in vec[1 + 2 * n:1 + 3 * n]),
+            stall=bool(head[0]),
+            joined=tuple(v != 0 for v in head[1:1 + n]),
+            shutdown=tuple(r for r, v in enumerate(head[1 + n:1 + 2 * n]) if v),
+            announce=tuple(head[1 + 2 * n:1 + 3 * n]),
             ready_bits=ready,
-            active=bool(high.any()),
+            active=active,
         )
 
 

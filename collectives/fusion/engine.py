@@ -62,6 +62,7 @@ class FusionEngine:
         self._queue: list = []
         self._names: set = set()
         self._pending: Dict[str, Request] = {}
+        self._announced: List[Signature] = []
         self._layout = C.Layout(self.size)
         self._cache = ResponseCache()
         self._table = MessageTable(self.size)
@@ -197,7 +198,8 @@ class FusionEngine:
         self._cycle_no += 1
         self._drain()
         vec, payload = self._vector()
-        self._comm.allreduce(vec, out=vec, name="fusion.coordinate")
+        if self.size > 1:  # the sum over one rank is its own vector
+            self._comm.allreduce(vec, out=vec, name="fusion.coordinate")
         res = self._layout.parse(vec)
         ready = [self._cache.at(bit) for bit in res.ready_bits]
         errors: list = []
@@ -246,6 +248,7 @@ class FusionEngine:
                 new.append(req.sig)
         payload = C.encode(new)
         vec[1 + 2 * self.size + self.rank] = len(payload)
+        self._announced = new
         return vec, payload
 
     def _negotiate(self, payload: bytes, res: C.CycleResult, ready: List[Signature]) -> list:
@@ -253,7 +256,9 @@ class FusionEngine:
         errors = []
         if res.negotiate:
             self._metrics["negotiations"] += 1
-            for r, sigs in enumerate(C.gather_announcements(self._comm, payload, res.announce)):
+            per_rank = C.gather_announcements(self._comm, payload, res.announce) \
+                if self.size > 1 else [self._announced]
+            for r, sigs in enumerate(per_rank):
                 for sig in sigs:
                     self._cache.evict(sig.name)  # a new signature for a cached name replaces it
                     text = self._table.add(r, sig)

@@ -63,6 +63,10 @@ def test_wrong_arguments_raise_at_the_call(results):
     _ok(results, checks.wrong_arguments_raise_at_the_call)
 
 
+def test_a_name_already_pending_is_refused(results):
+    _ok(results, checks.a_name_already_pending_is_refused)
+
+
 def test_mismatches_raise_on_every_rank_naming_the_tensor_and_the_ranks(results):
     _ok(results, checks.mismatches_raise_on_every_rank_naming_tensor_and_ranks)
 

@@ -1,0 +1,60 @@
+"""Helpers shared by the benchmarks that run this project beside its peers.
+
+Every implementation runs in its own group of real rank processes started by
+`collectives.launch.run_local` (so ours and torch.distributed's see the same
+launcher, the same environment and one thread per rank).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import time
+from typing import Callable, Dict, List
+
+__all__ = ["free_port", "gloo_init", "timed", "summarize", "slowest", "load"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gloo_init(port: int) -> None:
+    """torch.distributed over Gloo on the launcher's ranks."""
+    import torch.distributed as dist
+
+    rank, size = int(os.environ["HVS_RANK"]), int(os.environ["HVS_SIZE"])
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=size)
+
+
+def timed(step: Callable[[], None], barrier: Callable[[], None], warmup: int, reps: int) -> List[float]:
+    """Seconds of each of `reps` calls of step(), each started together after a barrier."""
+    for _ in range(warmup):
+        step()
+    out = []
+    for _ in range(reps):
+        barrier()
+        t = time.perf_counter()
+        step()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def slowest(per_rank: List[List[float]]) -> List[float]:
+    """Per repetition, the time of the slowest rank (what a synchronous job waits for)."""
+    return [max(ts) for ts in zip(*per_rank)]
+
+
+def summarize(times: List[float]) -> Dict[str, float]:
+    return {"median_s": statistics.median(times), "mean_s": statistics.fmean(times),
+            "best_s": min(times), "reps": len(times)}
+
+
+def load() -> List[float]:
+    try:
+        return list(os.getloadavg())
+    except OSError:
+        return []

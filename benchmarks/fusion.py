@@ -1,0 +1,206 @@
+"""Fusion: 200 tensors of 16 KiB reduced per step, ours against torch.distributed Gloo.
+
+    python benchmarks/fusion.py                  # 2 ranks, 30 timed repetitions
+    python benchmarks/fusion.py --np 3 --reps 50 --tensors 400 --kib 4
+
+Implementations, each in its own group of rank processes (one thread each):
+
+  ours            hvd.allreduce_async_ on every tensor, then hvd.synchronize on each
+                  (negotiated and fused by the fusion engine)
+  ours-hooks      the same tensors as gradients of a 200-parameter model:
+                  backward() with DistributedOptimizer's hooks, then synchronize()
+  ours-mpi        `ours` with ranks started by mpiexec (the MPI backend under the engine)
+  gloo            dist.all_reduce on each tensor, one after the other
+  gloo-async      dist.all_reduce(async_op=True) on each tensor, then wait on each
+  ddp             the same 200-parameter model under DistributedDataParallel (Gloo,
+                  25 MiB buckets): backward() allreduces the buckets
+
+A repetition starts on every rank after a barrier; its time is the slowest
+rank's.  The table shows the median (and best) per repetition and the ratio
+of each implementation's median to ours.  The machine is shared: numbers are
+noisy; the JSON under benchmarks/results/ records the load average.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+from _peers import free_port, gloo_init, load, slowest, summarize, timed  # noqa: E402
+
+IMPLS = ("ours", "ours-hooks", "ours-mpi", "gloo", "gloo-async", "ddp")
+
+
+def _tensors(spec):
+    import torch
+
+    return [torch.ones(spec["kib"] * 256) for _ in range(spec["tensors"])]
+
+
+def _params_model(spec):
+    import torch
+
+    class Params(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ps = torch.nn.ParameterList(torch.nn.Parameter(t) for t in _tensors(spec))
+
+        def forward(self):
+            return sum(p.sum() for p in self.ps)
+
+    return Params()
+
+
+def _ours_rank(spec, hooks: bool, keep: bool = False):
+    import torch
+
+    import horovod_spark.torch as hvd
+
+    torch.set_num_threads(1)
+    hvd.init()
+    try:
+        if hooks:
+            model = _params_model(spec)
+            opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                           named_parameters=model.named_parameters())
+
+            def step():
+                opt.zero_grad()
+                model().backward()
+                opt.synchronize()
+                with opt.skip_synchronize():
+                    opt.step()
+        else:
+            ts = _tensors(spec)
+            names = [f"t{i}" for i in range(len(ts))]
+
+            def step():
+                hs = [hvd.allreduce_async_(t, name=n, op=hvd.Sum) for t, n in zip(ts, names)]
+                for h in hs:
+                    hvd.synchronize(h)
+        times = timed(step, hvd.barrier, spec["warmup"], spec["reps"])
+        return {"times": times, "metrics": hvd.metrics()}
+    finally:
+        if not keep:
+            hvd.shutdown()
+
+
+def _gloo_rank(spec, port: int, mode: str):
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    gloo_init(port)
+    try:
+        if mode == "ddp":
+            model = torch.nn.parallel.DistributedDataParallel(_params_model(spec))
+
+            def step():
+                model.zero_grad()
+                model().backward()
+        else:
+            ts = _tensors(spec)
+
+            def step():
+                if mode == "gloo":
+                    for t in ts:
+                        dist.all_reduce(t)
+                else:
+                    for w in [dist.all_reduce(t, async_op=True) for t in ts]:
+                        w.wait()
+        return {"times": timed(step, dist.barrier, spec["warmup"], spec["reps"])}
+    finally:
+        dist.destroy_process_group()
+
+
+def _mpi(n: int, spec: dict) -> list:
+    """`ours` under mpiexec; rank 0 prints every rank's result as one JSON line."""
+    cmd = ["mpiexec", "-n", str(n), sys.executable, os.path.abspath(__file__), "--mpi-rank",
+           json.dumps(spec)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HVS_")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.path.dirname(HERE))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
+    for line in proc.stdout.splitlines():
+        if line.startswith("MPI-RESULTS "):
+            return json.loads(line[len("MPI-RESULTS "):])
+    raise RuntimeError(f"mpiexec failed ({proc.returncode}): {proc.stderr[-2000:]}")
+
+
+def _mpi_rank(spec: dict) -> None:
+    import horovod_spark.torch as hvd
+
+    res = _ours_rank(spec, False, keep=True)
+    everyone = hvd.allgather_object(res)
+    if hvd.rank() == 0:
+        print("MPI-RESULTS " + json.dumps(everyone), flush=True)
+    hvd.shutdown()
+
+
+def run_impl(name: str, n: int, spec: dict) -> list:
+    from collectives.launch import run_local
+
+    env = {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    if name == "ours-mpi":
+        return _mpi(n, spec)
+    if name.startswith("ours"):
+        return run_local(_ours_rank, n, args=(spec, name == "ours-hooks"), env=env,
+                         timeout=1200, prefix_output=False)
+    return run_local(_gloo_rank, n, args=(spec, free_port(), name), env=env, timeout=1200,
+                     prefix_output=False)
+
+
+def table(results: dict, spec: dict, n: int) -> str:
+    ours = results["ours"]["median_s"] if "ours" in results else None
+    total_kib = spec["tensors"] * spec["kib"]
+    lines = [f"# {spec['tensors']} tensors x {spec['kib']} KiB float32 ({total_kib} KiB) summed "
+             f"over {n} ranks per repetition; {spec['reps']} repetitions",
+             f"# {'impl':>11} {'median(ms)':>11} {'best(ms)':>9} {'per tensor(us)':>15} "
+             f"{'median/ours':>12}"]
+    for name, res in results.items():
+        ratio = f"{res['median_s'] / ours:>11.1f}x" if ours else f"{'-':>12}"
+        lines.append(f"  {name:>11} {res['median_s'] * 1e3:>11.2f} {res['best_s'] * 1e3:>9.2f} "
+                     f"{res['median_s'] / spec['tensors'] * 1e6:>15.1f} {ratio}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--np", type=int, default=2)
+    p.add_argument("--tensors", type=int, default=200)
+    p.add_argument("--kib", type=int, default=16, help="KiB per tensor (default 16)")
+    p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--only", default=",".join(IMPLS))
+    p.add_argument("--mpi-rank", help=argparse.SUPPRESS)
+    ns = p.parse_args(argv)
+    if ns.mpi_rank:
+        _mpi_rank(json.loads(ns.mpi_rank))
+        return 0
+    spec = {"tensors": ns.tensors, "kib": ns.kib, "reps": ns.reps, "warmup": ns.warmup}
+    results, raw, load_before = {}, {}, load()
+    for name in [x for x in ns.only.split(",") if x]:
+        t = time.time()
+        raw[name] = run_impl(name, ns.np, spec)
+        results[name] = summarize(slowest([r["times"] for r in raw[name]]))
+        print(f"# {name}: done in {time.time() - t:.0f} s", file=sys.stderr, flush=True)
+    text = table(results, spec, ns.np)
+    print(text)
+    from _table import write_json
+
+    metrics = {k: v[0].get("metrics") for k, v in raw.items() if "metrics" in v[0]}
+    path = write_json(f"fusion-np{ns.np}", {"command": " ".join(sys.argv), "np": ns.np, "spec": spec,
+                                            "results": results, "ours_metrics_rank0": metrics,
+                                            "load_before": load_before, "table": text})
+    print(f"# JSON: {os.path.relpath(path)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
