@@ -126,6 +126,19 @@ def fusion_packs_a_burst_into_few_collectives(eng, comm):
     assert collectives_used >= -(-64 * 256 * 4 // threshold), (collectives_used, threshold)
 
 
+def steady_state_needs_no_negotiation(eng, comm):
+    """Names seen once are cached: the second round costs only bit-vector cycles."""
+    def one_round():
+        xs = [np.full(8, float(i)) for i in range(20)]
+        for h in [eng.submit(f"steady.{i}", "allreduce", x, out=x) for i, x in enumerate(xs)]:
+            h.wait(WAIT)
+        assert all((x == i * comm.size).all() for i, x in enumerate(xs))
+    one_round()
+    before = eng.metrics()["negotiations"]
+    one_round()
+    assert eng.metrics()["negotiations"] == before, (before, eng.metrics())
+
+
 def ranks_may_submit_in_different_orders(eng, comm):
     names = [f"order.{i}" for i in range(40)]
     order = np.random.default_rng(comm.rank).permutation(40)
@@ -301,7 +314,8 @@ def shutdown_on_one_rank_fails_the_others_ops_naming_it(eng, comm):
 
 CHECKS = [allreduce_every_op_and_dtype_matches_numpy, bfloat16_buffers_reduce_through_a_dtype_tag,
           scale_factors_and_in_place_results_match_numpy, fusion_packs_a_burst_into_few_collectives,
-          ranks_may_submit_in_different_orders, the_other_kinds_match_numpy,
+          steady_state_needs_no_negotiation, ranks_may_submit_in_different_orders,
+          the_other_kinds_match_numpy,
           scalars_and_empty_tensors_work, wrong_arguments_raise_at_the_call,
           a_name_already_pending_is_refused,
           mismatches_raise_on_every_rank_naming_tensor_and_ranks,

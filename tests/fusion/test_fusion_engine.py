@@ -47,6 +47,10 @@ def test_a_burst_of_tensors_is_fused_into_few_collectives(results):
     _ok(results, checks.fusion_packs_a_burst_into_few_collectives)
 
 
+def test_names_seen_before_need_no_negotiation(results):
+    _ok(results, checks.steady_state_needs_no_negotiation)
+
+
 def test_ranks_may_submit_in_different_orders(results):
     _ok(results, checks.ranks_may_submit_in_different_orders)
 
