@@ -62,7 +62,7 @@ Status Context::fail(Status st) {
     failed_ = st.code();
     failure_ = st.what();
     failed_peer_ = st.peer();
-    if (shm_) shm_->abort();
+    if (shm_) shm_->mark_aborted();
   }
   return st;
 }

@@ -89,7 +89,7 @@ void ShmGroup::post() {
   if (c.waiters.load(std::memory_order_seq_cst) != 0) futex_wake_all(c.phase);
 }
 
-void ShmGroup::abort() { seg_->control(me_).aborted.store(1, std::memory_order_release); }
+void ShmGroup::mark_aborted() { seg_->control(me_).aborted.store(1, std::memory_order_release); }
 
 Status ShmGroup::wait_all(uint64_t target) {
   for (int j = 0; j < size(); ++j) {

@@ -61,7 +61,7 @@ class ShmGroup {
   uint64_t phase() const { return phase_; }
   Status wait_all(uint64_t target);
   Status wait_one(int local, uint64_t target);
-  void abort();
+  void mark_aborted();
 
  private:
   Status wait_slow(int local, uint64_t target);
