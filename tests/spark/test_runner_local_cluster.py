@@ -1,0 +1,78 @@
+"""Ranks on separate executor JVMs (local-cluster[2,1,1024]) with fake GPU discovery."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from _spark_support import (by_value, new_tag, start_session, wait_until_no_rank_processes,
+                            write_gpu_script)
+
+import horovod_spark
+from horovod_spark import JobFailedError
+
+by_value(__name__)
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory):
+    script = write_gpu_script(str(tmp_path_factory.mktemp("gpus")))
+    session = start_session("local-cluster[2,1,1024]", {
+        "spark.worker.resource.gpu.amount": "1",
+        "spark.worker.resource.gpu.discoveryScript": script,
+        "spark.executor.resource.gpu.amount": "1",
+        "spark.task.resource.gpu.amount": "1",
+        "spark.executor.memory": "512m",
+    })
+    yield session
+    session.stop()
+
+
+def test_each_rank_sees_its_own_gpu_in_cuda_visible_devices(spark):
+    def devices():
+        import os
+        return os.environ["CUDA_VISIBLE_DEVICES"], os.getppid()
+
+    (gpu0, task0), (gpu1, task1) = horovod_spark.run(devices, num_proc=2)
+    assert sorted([gpu0, gpu1]) == ["0", "1"]
+    assert task0 != task1  # two tasks, one per executor
+
+
+def test_ranks_on_two_executors_allreduce_like_numpy(spark):
+    def train():
+        import numpy as np
+        import collectives
+        comm = collectives.init()
+        grads = np.random.default_rng(comm.rank).standard_normal(4097).astype(np.float64)
+        mean = comm.allreduce(grads) / comm.size
+        comm.close()
+        return grads, mean
+
+    (g0, m0), (g1, m1) = horovod_spark.run(train, num_proc=2)
+    np.testing.assert_allclose(m0, (g0 + g1) / 2, rtol=1e-12)
+    np.testing.assert_array_equal(m0, m1)
+
+
+def test_a_sigkilled_rank_is_named_and_no_rank_is_left_on_any_executor(spark):
+    def killed_on_rank_1():
+        import os
+        import signal
+        import numpy as np
+        import collectives
+        comm = collectives.init()
+        if comm.rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        comm.allreduce(np.ones(8))  # rank 0 loses its peer here
+        comm.allreduce(np.ones(8))
+
+    tag = new_tag()
+    with pytest.raises(JobFailedError, match="rank 1/2: ProcessDied: .*SIGKILL") as info:
+        horovod_spark.run(killed_on_rank_1, num_proc=2, env={"HVS_TEST_TAG": tag})
+    assert info.value.signal == "SIGKILL" and info.value.rank == 1
+    assert wait_until_no_rank_processes(tag) == []
+
+
+def test_more_ranks_than_gpu_slots_fail_at_once_naming_the_gpus(spark):
+    with pytest.raises(ValueError, match=r"np=3 ranks need 3 barrier task slots.*1 GPU\(s\) "
+                                         r"per executor, 1 per task.*run with np=2"):
+        horovod_spark.run(lambda: 0, num_proc=3)
