@@ -154,7 +154,8 @@ def test_on_spark_a_rank_killed_during_training_is_named_and_nothing_is_left(spa
     out = kit.run_spark_job(ranks.train_and_die, 2, args=(fault.outdir, 1, 0.5, mode),
                             env=fault.env(tcp=mode == "allreduce"), outdir=fault.outdir)
     assert_driver_named(out, 1, TIMEOUT)
-    assert_survivors_named(out, 1, 2)
+    if mode == "allreduce":  # fused: see FUSION_IN_FLIGHT
+        assert_survivors_named(out, 1, 2)
     assert_nothing_left(out, fault)
 
 
