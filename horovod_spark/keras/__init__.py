@@ -17,14 +17,15 @@ import numpy as np
 
 from ..tensorflow import (Adasum, Average, Compression, Max, Min, Product, Sum, allgather_object,
                           barrier, broadcast_object, broadcast_variables, cross_rank, cross_size,
-                          init, is_initialized, join, local_rank, local_size, rank, shutdown, size)
+                          init, is_homogeneous, is_initialized, join, local_rank, local_size, rank,
+                          shutdown, size, start_timeline, stop_timeline)
 from ..tensorflow import mpi_ops as _ops
 from . import callbacks
 from .optimizer import DistributedOptimizer, make_distributed
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-    "cross_rank", "cross_size", "Average", "Sum", "Min", "Max", "Product", "Adasum",
+    "cross_rank", "cross_size", "is_homogeneous", "start_timeline", "stop_timeline", "Average", "Sum", "Min", "Max", "Product", "Adasum",
     "allreduce", "allgather", "broadcast", "reducescatter", "broadcast_object",
     "allgather_object", "broadcast_variables", "join", "barrier", "Compression",
     "DistributedOptimizer", "load_model", "callbacks",

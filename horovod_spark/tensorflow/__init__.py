@@ -11,8 +11,14 @@ inside XLA-compiled functions).  For Keras, see `horovod_spark.keras`.
 """
 from __future__ import annotations
 
-from ._basics import (cross_rank, cross_size, init, is_initialized, local_rank, local_size, rank,
-                      shutdown, size)
+from collectives.errors import CollectiveError as HorovodInternalError
+from collectives.errors import (CollectiveError, CollectiveTimeout, MismatchError, NotSupported,
+                                PeerLostError)
+
+from ._basics import (cross_rank, cross_size, init, is_homogeneous, is_initialized, local_rank,
+                      local_size, rank, shutdown, size, start_timeline, stop_timeline)
+from ._compat import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built,
+                      mpi_enabled, mpi_threads_supported, nccl_built, rocm_built)
 from .compression import Compression
 from .functions import (allgather_object, broadcast_global_variables, broadcast_object,
                         broadcast_variables)
@@ -23,11 +29,15 @@ from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allred
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-    "cross_rank", "cross_size", "Average", "Sum", "Min", "Max", "Product", "Adasum",
+    "cross_rank", "cross_size", "is_homogeneous", "start_timeline", "stop_timeline",
+    "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
+    "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "Average", "Sum", "Min", "Max", "Product", "Adasum",
     "allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
     "barrier", "join", "size_op", "rank_op", "local_size_op", "local_rank_op",
     "broadcast_variables", "broadcast_global_variables", "broadcast_object", "allgather_object",
     "Compression", "DistributedGradientTape", "DistributedOptimizer",
+    "HorovodInternalError", "CollectiveError", "CollectiveTimeout", "MismatchError",
+    "NotSupported", "PeerLostError",
 ]
 
 

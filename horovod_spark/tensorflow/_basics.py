@@ -15,30 +15,40 @@ from typing import Optional
 import collectives
 
 __all__ = ["init", "shutdown", "is_initialized", "communicator", "engine", "rank", "size",
-           "local_rank", "local_size", "cross_rank", "cross_size"]
+           "local_rank", "local_size", "cross_rank", "cross_size", "is_homogeneous",
+           "start_timeline", "stop_timeline"]
 
 _lock = threading.Lock()
 _comm: Optional["collectives.Communicator"] = None
 _engine = None
 
 
-def init(config: Optional["collectives.Config"] = None) -> None:
-    """Join the job.  Calling it again while initialized does nothing."""
+def init(comm: Optional["collectives.Communicator"] = None,
+         config: Optional["collectives.Config"] = None) -> None:
+    """Join the job.  Calling it again while initialized does nothing.
+
+    Args:
+        comm: an existing collectives.Communicator to use instead of building one.
+        config: a collectives.Config; by default built from the HOROVOD_* variables.
+    """
     global _comm, _engine
     with _lock:
         if _comm is not None:
             return
-        comm = collectives.init(config)
-        _engine = _start_engine(comm)
+        if comm is not None and not isinstance(comm, collectives.Communicator):
+            raise TypeError(f"init(comm=...) takes a collectives.Communicator, got "
+                            f"{type(comm).__name__}; MPI sub-communicators are not supported")
+        comm = comm if comm is not None else collectives.init(config)
+        _engine = _start_engine(comm, config)
         _comm = comm
 
 
-def _start_engine(comm):
+def _start_engine(comm, config):
     try:
         from collectives.fusion import FusionEngine
     except ImportError:  # an install without the engine: ops go to the communicator
         return None
-    return FusionEngine(comm, comm.config)
+    return FusionEngine(comm, config if config is not None else comm.config)
 
 
 def shutdown() -> None:
@@ -97,3 +107,24 @@ def cross_rank() -> int:
 
 def cross_size() -> int:
     return communicator().cross_size
+
+
+def is_homogeneous() -> bool:
+    """Whether every host runs the same number of ranks."""
+    topo = communicator().backend.topology
+    counts = [topo.hosts.count(h) for h in topo.host_order]
+    return len(set(counts)) == 1
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Write a Chrome-trace timeline of every op to file_path (rank 0 writes it)."""
+    eng = engine()
+    if eng is None:
+        raise ValueError("the timeline is written by the fusion engine, which this install lacks")
+    eng.start_timeline(file_path)
+
+
+def stop_timeline() -> None:
+    eng = engine()
+    if eng is not None:
+        eng.stop_timeline()

@@ -393,6 +393,21 @@ def unsupported_requests_fail_with_a_reason():
 
 
 @check
+def the_timeline_records_tf_ops_by_name():
+    tf, hvd, r, n = _setup()
+    import tempfile
+
+    path = hvd.broadcast_object(os.path.join(tempfile.mkdtemp(), "timeline.json") if r == 0 else None)
+    hvd.start_timeline(path)
+    hvd.allreduce(tf.ones([16]), name="timeline.probe")
+    tf.function(lambda x: hvd.grouped_allreduce([x, x], name="timeline.group"))(tf.ones([4]))
+    hvd.stop_timeline()
+    if r == 0:
+        text = open(path).read()
+        assert "timeline.probe" in text and "timeline.group.1" in text, text[:2000]
+
+
+@check
 def a_mismatch_across_ranks_is_named_on_every_rank():
     tf, hvd, r, n = _setup()
     from collectives import MismatchError

@@ -110,6 +110,10 @@ def test_unsupported_requests_fail_with_a_reason(results):
     _ok(results, "unsupported_requests_fail_with_a_reason")
 
 
+def test_the_timeline_records_tf_ops_by_name(results):
+    _ok(results, "the_timeline_records_tf_ops_by_name")
+
+
 def test_a_mismatch_across_ranks_is_named_on_every_rank(results):
     _ok(results, "a_mismatch_across_ranks_is_named_on_every_rank")
 

@@ -1,0 +1,286 @@
+"""Keras 3 training: scaling efficiency of horovod_spark.keras vs tf.distribute's MWMS.
+
+    python benchmarks/training_keras.py                  # MLP, 2 ranks
+    python benchmarks/training_keras.py --model cnn --batch 32 --np 2 --rounds 3
+
+Weak scaling: every process trains on a local batch of B samples with one
+intra-op and one inter-op thread (TF_NUM_INTRAOP_THREADS=1, ..._INTEROP_...=1),
+so N processes do N times the work of one.  *Throughput* is samples per second
+over the measured steps (after warmup) of the slowest process; *efficiency* =
+throughput of N processes / (N x throughput of one process in the same style).
+
+Sides (each in its own fresh processes, started by collectives.launch.run_local):
+  single-fit   1 process, plain Keras model.fit, batch B
+  single-loop  1 process, a tf.function step: GradientTape + optimizer.apply_gradients
+  ours-fit     N ranks, model.fit with hvd.DistributedOptimizer + BroadcastGlobalVariablesCallback
+  ours-loop    N ranks, the single-loop step with hvd.DistributedGradientTape
+  mwms-loop    N workers of tf.distribute.MultiWorkerMirroredStrategy (TF_CONFIG on
+               localhost ports, gRPC collectives), the single-loop step under strategy.run
+  mwms-fit     N MWMS workers with model.fit: tried once; on Keras 3 it fails in fit's
+               symbolic build (keras-team/keras#20585), and the error is recorded
+Sides take turns round by round so machine noise hits all alike; each launch
+measures `--windows` windows of `--steps` steps; the table shows the median.
+The targets: ours >= 0.9 efficiency and not below the peer.  Results go to
+benchmarks/results/training_keras-*.json.  On a shared machine the numbers are noisy.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+import traceback
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, REPO)
+
+RANK_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_NUM_INTRAOP_THREADS": "1",
+            "TF_NUM_INTEROP_THREADS": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
+            "PYTHONWARNINGS": "ignore"}
+
+
+# -- what every process runs ---------------------------------------------------
+def _model(keras, kind: str):
+    L = keras.layers
+    if kind == "mlp":
+        layers = [keras.Input((784,)), L.Dense(512, activation="relu"),
+                  L.Dense(512, activation="relu"), L.Dense(10)]
+    else:
+        layers = [keras.Input((28, 28, 1)), L.Conv2D(32, 3, activation="relu"),
+                  L.Conv2D(64, 3, activation="relu"), L.MaxPooling2D(), L.Flatten(),
+                  L.Dense(128, activation="relu"), L.Dense(10)]
+    keras.utils.set_random_seed(0)
+    return keras.Sequential(layers)
+
+
+def _dataset(tf, kind: str, batch: int):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    shape = (784,) if kind == "mlp" else (28, 28, 1)
+    x = rng.random((16 * batch,) + shape, dtype=np.float32)
+    y = rng.integers(0, 10, 16 * batch)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(batch, drop_remainder=True)
+    opts = tf.data.Options()
+    opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return ds.prefetch(2).with_options(opts)
+
+
+def _windows(stamps, cfg) -> list:
+    """Seconds per measured window of cfg['steps'] steps, after cfg['warmup'] steps."""
+    w, s = cfg["warmup"], cfg["steps"]
+    return [stamps[w - 1 + (k + 1) * s] - stamps[w - 1 + k * s] for k in range(cfg["windows"])]
+
+
+def _total_steps(cfg) -> int:
+    return cfg["warmup"] + cfg["steps"] * cfg["windows"]
+
+
+def _loss(keras, reduction="sum_over_batch_size"):
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=reduction)
+
+
+def _fit(cfg, distributed: bool) -> list:
+    import keras
+    import tensorflow as tf
+
+    stamps = []
+
+    class Clock(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            stamps.append(time.perf_counter())
+
+    model, opt, callbacks = _model(keras, cfg["model"]), keras.optimizers.SGD(0.01), [Clock()]
+    if distributed:
+        import horovod_spark.keras as hvd
+
+        hvd.init()
+        opt = hvd.DistributedOptimizer(opt)
+        callbacks.insert(0, hvd.callbacks.BroadcastGlobalVariablesCallback(0))
+    model.compile(optimizer=opt, loss=_loss(keras), jit_compile=False)
+    model.fit(_dataset(tf, cfg["model"], cfg["batch"]), steps_per_epoch=_total_steps(cfg), epochs=1,
+              verbose=0, callbacks=callbacks)
+    return _windows(stamps, cfg)
+
+
+def _loop(cfg, distributed: bool) -> list:
+    import keras
+    import tensorflow as tf
+
+    model, opt, loss_fn = _model(keras, cfg["model"]), keras.optimizers.SGD(0.01), _loss(keras)
+    opt.build(model.trainable_variables)
+    if distributed:
+        import horovod_spark.tensorflow as hvd
+
+        hvd.init()
+        hvd.broadcast_variables(model.variables, 0)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        if distributed:
+            tape = hvd.DistributedGradientTape(tape)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    stamps = []
+    it = iter(_dataset(tf, cfg["model"], cfg["batch"]))
+    for _ in range(_total_steps(cfg)):
+        step(*next(it)).numpy()
+        stamps.append(time.perf_counter())
+    return _windows(stamps, cfg)
+
+
+def _mwms(cfg, ports, use_fit: bool) -> list:
+    rank = int(os.environ["HVS_RANK"])
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+                                          "task": {"type": "worker", "index": rank}})
+    import keras
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    global_batch = cfg["batch"] * len(ports)
+    with strategy.scope():
+        model, opt = _model(keras, cfg["model"]), keras.optimizers.SGD(0.01)
+        opt.build(model.trainable_variables)
+    ds = _dataset(tf, cfg["model"], global_batch)  # rebatched: B per worker
+    if use_fit:
+        model.compile(optimizer=opt, loss=_loss(keras), jit_compile=False)
+        model.fit(ds, steps_per_epoch=_total_steps(cfg), epochs=1, verbose=0)
+        return []
+    loss_fn = _loss(keras, "none")
+
+    def replica_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.nn.compute_average_loss(loss_fn(y, model(x, training=True)),
+                                              global_batch_size=global_batch)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    @tf.function
+    def step(it):
+        x, y = next(it)
+        return strategy.reduce("SUM", strategy.run(replica_step, (x, y)), axis=None)
+
+    stamps, it = [], iter(strategy.experimental_distribute_dataset(ds))
+    for _ in range(_total_steps(cfg)):
+        step(it).numpy()
+        stamps.append(time.perf_counter())
+    return _windows(stamps, cfg)
+
+
+def _side_body(side: str, cfg: dict, ports=None) -> list:
+    if side in ("single-fit", "ours-fit"):
+        return _fit(cfg, side == "ours-fit")
+    if side in ("single-loop", "ours-loop"):
+        return _loop(cfg, side == "ours-loop")
+    return _mwms(cfg, ports, side == "mwms-fit")
+
+
+# -- the driver --------------------------------------------------------------
+def _free_ports(n: int) -> list:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _run_side(side: str, cfg: dict, np_: int) -> dict:
+    """Throughputs (samples/s) of each window, or the error that stopped the side."""
+    from collectives.launch import RankFailed, run_local
+
+    n = 1 if side.startswith("single") else np_
+    ports = _free_ports(n) if side.startswith("mwms") else None
+    try:
+        per_rank = run_local(_side_body, n, args=(side, cfg, ports), env=RANK_ENV,
+                             timeout=cfg["timeout"], prefix_output=True)
+    except RankFailed as exc:
+        return {"error": str(exc).strip().splitlines()[0][:300], "detail": str(exc)[-2000:]}
+    slowest = [max(ws) for ws in zip(*per_rank)]
+    return {"samples_per_s": [n * cfg["batch"] * cfg["steps"] / t for t in slowest]}
+
+
+def _args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--np", type=int, default=2, help="processes of the distributed sides (2)")
+    p.add_argument("--model", choices=("mlp", "cnn"), default="mlp")
+    p.add_argument("--batch", type=int, default=64, help="local batch per process (64)")
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--steps", type=int, default=40, help="steps per measured window (40)")
+    p.add_argument("--windows", type=int, default=3, help="measured windows per launch (3)")
+    p.add_argument("--rounds", type=int, default=2, help="launches per side (2)")
+    p.add_argument("--sides", default="single-fit,single-loop,ours-fit,ours-loop,mwms-loop,mwms-fit")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per launch")
+    p.add_argument("--json", default=None)
+    return p.parse_args(argv)
+
+
+def _measure(args) -> dict:
+    cfg = {k: getattr(args, k) for k in ("model", "batch", "warmup", "steps", "windows", "timeout")}
+    sides = args.sides.split(",")
+    samples = {s: [] for s in sides}
+    errors = {}
+    for rnd in range(args.rounds):
+        for side in sides:
+            if side in errors or (side == "mwms-fit" and rnd > 0):
+                continue
+            print(f"round {rnd + 1}/{args.rounds}: {side} ...", flush=True)
+            res = _run_side(side, cfg, args.np)
+            if "error" in res:
+                errors[side] = res
+                print(f"  {side} failed: {res['error']}", flush=True)
+                continue
+            samples[side] += res["samples_per_s"]
+            print("  " + ", ".join(f"{v:.0f}" for v in res["samples_per_s"]) + " samples/s", flush=True)
+    return {"samples": samples, "errors": errors}
+
+
+def _table(args, result: dict) -> str:
+    med = {s: statistics.median(v) for s, v in result["samples"].items() if v}
+    base = {"fit": med.get("single-fit"), "loop": med.get("single-loop")}
+    lines = [f"Keras {args.model}, local batch {args.batch}, {args.np} processes x 1 thread "
+             "(weak scaling; medians; noisy shared CPU)",
+             f"{'side':<12} {'procs':>5} {'samples/s':>10} {'efficiency':>10}  note"]
+    for side in result["samples"]:
+        procs = 1 if side.startswith("single") else args.np
+        if side in result["errors"]:
+            lines.append(f"{side:<12} {procs:>5} {'-':>10} {'-':>10}  failed: {result['errors'][side]['error']}")
+            continue
+        if side not in med:
+            continue
+        ref = base["fit" if side.endswith("fit") else "loop"]
+        eff = med[side] / (procs * ref) if ref and procs > 1 else 1.0
+        lines.append(f"{side:<12} {procs:>5} {med[side]:>10.0f} {eff:>10.3f}  "
+                     f"vs single-{'fit' if side.endswith('fit') else 'loop'}")
+    if "ours-loop" in med and "mwms-loop" in med:
+        lines.append(f"ours-loop / mwms-loop throughput: {med['ours-loop'] / med['mwms-loop']:.3f}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = _args(argv)
+    result = _measure(args)
+    table = _table(args, result)
+    print(table)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    path = args.json or os.path.join(REPO, "benchmarks", "results",
+                                     f"training_keras-{args.model}-np{args.np}-{stamp}.json")
+    with open(path, "w") as f:
+        json.dump({"args": vars(args), "result": result, "table": table,
+                   "host_cpus": os.cpu_count(), "load_avg": os.getloadavg()}, f, indent=1)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
