@@ -72,6 +72,18 @@ def parse_failure_markers(text: str) -> list:
     return out
 
 
+def close_listener(listener: socket.socket) -> None:
+    """Close a listening socket and wake its accept() (close alone does not, on Linux)."""
+    try:
+        listener.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    try:
+        listener.close()
+    except OSError:
+        pass
+
+
 def send_frame(sock: socket.socket, obj: dict) -> None:
     data = json.dumps(obj, separators=(",", ":")).encode()
     sock.sendall(struct.pack(">I", len(data)) + data)
@@ -186,14 +198,12 @@ class LogServer:
         kind = frame.get("t")
         if kind == "out":
             self.sink.write(rank, str(frame.get("s")), str(frame.get("x")))
-        elif kind == "fail" and isinstance(frame.get("rec"), dict):
-            with self._cond:
+        with self._cond:
+            if kind == "fail" and isinstance(frame.get("rec"), dict):
                 self.failures.append(frame["rec"])
-                self._cond.notify_all()
-        elif kind == "done":
-            with self._cond:
+            elif kind == "done":
                 self.done.add(rank)
-                self._cond.notify_all()
+            self._cond.notify_all()  # `wait` predicates may look at anything a frame changed
         return True
 
     def wait(self, predicate: Callable[[], bool], timeout: float) -> bool:
@@ -219,10 +229,7 @@ class LogServer:
                 pass
 
     def close(self) -> None:
-        try:
-            self._listener.close()
-        except OSError:
-            pass
+        close_listener(self._listener)
         with self._cond:
             conns = list(self._conns.values())
         for conn in conns:

@@ -1,0 +1,149 @@
+"""The log channel on real sockets: lines, failures, aborts, and that it never fails a job."""
+from __future__ import annotations
+
+import io
+import os
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import _spark_support  # noqa: F401  (puts the repository on sys.path)
+
+from horovod_spark._output import (CALLBACK_MARK, LineSink, LogClient, LogServer,
+                                   failure_marker, parse_failure_markers)
+
+SECRET = os.urandom(32)
+JOB = "hvs-test/a0"
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def server():
+    out, err = io.StringIO(), io.StringIO()
+    srv = LogServer("127.0.0.1", SECRET, JOB, LineSink(out, err))
+    srv.out, srv.err = out, err
+    yield srv
+    srv.close()
+
+
+def test_lines_from_two_ranks_reach_the_driver_prefixed_by_rank(server):
+    clients = [LogClient(server.address, SECRET, JOB, rank) for rank in (0, 1)]
+    for rank, client in enumerate(clients):
+        client.line("stdout", f"loss 0.{rank}")
+        client.line("stderr", f"warn {rank}")
+    for client in clients:
+        client.close()
+    assert server.wait_done([0, 1], 10)
+    assert sorted(server.out.getvalue().splitlines()) == ["[0]<stdout>:loss 0.0", "[1]<stdout>:loss 0.1"]
+    assert sorted(server.err.getvalue().splitlines()) == ["[0]<stderr>:warn 0", "[1]<stderr>:warn 1"]
+
+
+def test_a_client_without_the_secret_is_dropped_before_any_frame_is_read(server):
+    intruder = LogClient(server.address, os.urandom(32), JOB, 0)
+    intruder.line("stdout", "forged line")
+    intruder.close()
+    assert server.wait(lambda: server.rejected == 1, 10)
+    assert server.out.getvalue() == ""
+    assert intruder.broken
+
+
+def test_a_client_of_another_job_is_dropped(server):
+    stale = LogClient(server.address, SECRET, "hvs-test/a1", 0)
+    stale.line("stdout", "from an old attempt")
+    stale.close()
+    assert server.wait(lambda: server.rejected == 1, 10)
+    assert server.out.getvalue() == ""
+
+
+def test_garbage_on_the_port_never_stops_the_server(server):
+    host, port = server.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port))) as raw:
+        raw.sendall(b"GET / HTTP/1.0\r\n\r\n" * 100)
+    good = LogClient(server.address, SECRET, JOB, 0)
+    good.line("stdout", "still here")
+    good.close()
+    assert server.wait_done([0], 10)
+    assert server.out.getvalue() == "[0]<stdout>:still here\n"
+
+
+def test_a_client_of_an_unreachable_driver_drops_lines_and_never_raises():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = "127.0.0.1:%d" % s.getsockname()[1]
+    client = LogClient(dead, SECRET, JOB, 0, connect_timeout=1.0)
+    for i in range(100):
+        client.line("stdout", f"line {i}")
+    client.failure({"rank": 0})
+    client.close(timeout=5.0)
+    assert client.broken and client.dropped >= 1
+
+
+def test_a_driver_that_goes_away_mid_job_never_fails_the_client(server):
+    client = LogClient(server.address, SECRET, JOB, 0)
+    client.line("stdout", "before")
+    assert server.wait(lambda: "before" in server.out.getvalue(), 10)
+    server.close()
+    for i in range(2000):
+        client.line("stdout", "x" * 100)
+    client.close(timeout=5.0)
+
+
+def test_a_failing_output_stream_on_the_driver_is_ignored():
+    class Broken(io.TextIOBase):
+        def write(self, text):
+            raise OSError("closed")
+
+    LineSink(Broken(), Broken()).write(0, "stdout", "dropped quietly")
+
+
+def test_failure_records_and_the_abort_frame_travel_both_ways(server):
+    aborted = threading.Event()
+    client = LogClient(server.address, SECRET, JOB, 1, on_abort=aborted.set)
+    client.failure({"rank": 1, "error_type": "ValueError"})
+    assert server.wait(lambda: server.failures, 10)
+    assert server.failures == [{"rank": 1, "error_type": "ValueError"}]
+    server.abort_all()
+    assert aborted.wait(10)
+    client.close()
+
+
+def test_log_callback_only_lines_are_callback_stream_lines(server):
+    server.sink.show_output = False
+    client = LogClient(server.address, SECRET, JOB, 0)
+    client.line("stdout", "hidden")
+    client.line("cb", "shown")
+    client.close()
+    assert server.wait_done([0], 10)
+    assert server.out.getvalue() == "[0]<stdout>:shown\n"
+
+
+def test_log_to_driver_marks_its_lines_only_under_a_spark_task():
+    code = "from horovod_spark import log_to_driver; log_to_driver('epoch 1\\nepoch 2')"
+    env = dict(os.environ, PYTHONPATH=_spark_support.REPO, HVS_LOG_CALLBACK="1")
+    marked = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert marked.stdout == f"{CALLBACK_MARK}epoch 1\n{CALLBACK_MARK}epoch 2\n"
+    env.pop("HVS_LOG_CALLBACK")
+    plain = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert plain.stdout == "epoch 1\nepoch 2\n"
+
+
+def test_a_failure_record_survives_a_trip_through_exception_text():
+    record = {"rank": 2, "message": "boom \u2603\nsecond line", "tail": ["[2]<stdout>:x"]}
+    text = f"Py4JJavaError: ... RankFailure: rank 2\n{failure_marker(record)}\n\tat org.apache..."
+    assert parse_failure_markers(text) == [record]
+    assert parse_failure_markers("no markers here") == []
+
+
+def test_a_closed_server_stops_listening_and_its_threads_end():
+    srv = LogServer("127.0.0.1", SECRET, JOB, LineSink(io.StringIO(), io.StringIO()))
+    before = {t for t in threading.enumerate() if t.name == "hvs-log-accept"}
+    host, port = srv.address.rsplit(":", 1)
+    srv.close()
+    for t in before:
+        t.join(5)
+    assert not any(t.is_alive() for t in before)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((host, int(port)), timeout=5).close()
