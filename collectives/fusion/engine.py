@@ -15,10 +15,10 @@ Terms.  A *submission* is one call of `submit` (any thread); it becomes a
 4. *execute* the agreed ops in one deterministic order (executor.py);
 5. finish joins, report stalls, stop on shutdown.
 
-When a cycle shows no work on any rank, the thread sleeps until a local
-submission (or a heartbeat of IDLE_S, so peers with work never wait long and
-a stall is still reported), then gives a burst of submissions one cycle time
-to gather before it coordinates.
+A rank that holds no pending work sleeps until a local submission (or a
+heartbeat of IDLE_S, so that stall reports and shutdowns still get through),
+then gives a burst of submissions one cycle time to gather before it
+coordinates; a rank that holds pending work cycles every cycle time.
 
 Failure: an exception in the engine's thread (a lost peer, a timeout) fails
 every pending handle with that cause; later submissions raise it at once.
@@ -46,7 +46,7 @@ log = logging.getLogger("collectives.fusion")
 
 IDLE_S = 0.02
 _METRICS = ("cycles", "negotiations", "tensors", "allreduce_tensors", "allreduce_bytes",
-            "fused_buffers", "collectives", "collective_s", "coordination_s")
+            "fused_buffers", "collectives", "collective_s", "coordination_s", "thread_cpu_s")
 
 
 class FusionEngine:
@@ -130,7 +130,14 @@ class FusionEngine:
                        "(a peer may be gone)", None)
 
     def metrics(self, reset: bool = False) -> dict:
-        """Counters since the start or the last reset: cycles, tensors, bytes, seconds."""
+        """Counters since the start or the last reset.
+
+        cycles, negotiations (full ones), tensors (finished), allreduce_tensors,
+        allreduce_bytes (payload reduced on this rank), fused_buffers, collectives
+        (data collectives run), collective_s (wall time inside them),
+        coordination_s (wall time agreeing, waits for peers included) and
+        thread_cpu_s (CPU time of the engine's thread).
+        """
         out = dict(self._metrics)
         if reset:
             for key in _METRICS:
@@ -168,11 +175,12 @@ class FusionEngine:
 
     # -- the engine's thread ---------------------------------------------------
     def _run(self) -> None:
-        busy = False
         try:
             while self._stopped is None:
-                self._wait(busy)
-                busy = self._cycle()
+                self._wait()
+                cpu = time.thread_time()
+                self._cycle()
+                self._metrics["thread_cpu_s"] += time.thread_time() - cpu
         except BaseException as exc:  # the cause goes to every waiting handle
             log.debug("fusion engine on rank %d stopped: %r", self.rank, exc)
             cls = type(exc) if isinstance(exc, CollectiveError) else CollectiveError
@@ -181,19 +189,24 @@ class FusionEngine:
         finally:
             self.stop_timeline()
 
-    def _wait(self, busy: bool) -> None:
-        if busy:
+    def _wait(self) -> None:
+        """Cycle every cycle time while this rank holds work; else sleep until it gets some.
+
+        A rank that holds nothing cannot make any tensor ready (each needs every
+        rank's submission), so only the ranks with pending work keep cycling; the
+        others join them as soon as they submit, or at the heartbeat.
+        """
+        if self._pending or self._joined or self._shutdown_requested:
             delay = self._cycle_s - (time.perf_counter() - self._cycle_start)
             if delay > 0:
                 time.sleep(delay)
         else:
             self._wake.clear()
-            idle = not (self._queue or self._pending or self._joined or self._shutdown_requested)
-            if idle and self._wake.wait(IDLE_S) and self._cycle_s > 0:
+            if not self._queue and self._wake.wait(IDLE_S) and self._cycle_s > 0:
                 time.sleep(self._cycle_s)  # let a burst of submissions gather
         self._cycle_start = time.perf_counter()
 
-    def _cycle(self) -> bool:
+    def _cycle(self) -> None:
         t0 = time.perf_counter()
         self._cycle_no += 1
         self._drain()
@@ -218,8 +231,6 @@ class FusionEngine:
         if res.shutdown:
             self._stop(CollectiveError, f"the fusion engine was shut down by rank(s) "
                        f"{list(res.shutdown)}", None)
-        return bool(res.active or res.negotiate or any(res.joined) or len(self._table)
-                    or self._pending)
 
     def _drain(self) -> None:
         with self._lock:
