@@ -130,12 +130,13 @@ except NotSupported as exc:
 
 @pytest.mark.mpi
 @requires_mpi
-def test_a_rank_that_dies_mid_job_ends_every_rank_with_its_status_not_a_hang():
+def test_a_rank_that_dies_mid_job_ends_every_rank_with_a_failure_not_a_hang():
     code = ("import os, numpy as np; from collectives.backends.mpi import MpiBackend; "
             "from collectives.types import DType, ReduceOp; b = MpiBackend.from_world(); "
             "x = np.ones(8, np.float32); b.allreduce(x, x, DType.FLOAT32, ReduceOp.SUM); "
             "b.rank == 1 and os._exit(7); b.allreduce(x, x, DType.FLOAT32, ReduceOp.SUM); "
             "print('SURVIVOR RETURNED', flush=True)")
     proc = mpiexec(3, ["-c", code], timeout=60)  # mpiexec kills the others; the timeout bounds it
-    assert proc.returncode == 7, proc.stdout[-3000:]
+    # mpiexec reports the first bad termination it sees: rank 1's 7, or a survivor it killed (9).
+    assert proc.returncode in (7, 9), proc.stdout[-3000:]
     assert "SURVIVOR RETURNED" not in proc.stdout
