@@ -12,7 +12,10 @@
 //   reduce   rank i reduces slice i of every rank (its own from its input,
 //            the others' from their buffers) into slice i of its buffer;
 //            post B
-//   copy out every rank copies slice j from rank j's buffer, for every j
+//   copy out every rank copies slice j from rank j's buffer, for every j,
+//            once all have posted B.  It is deferred until the next chunk is
+//            staged, so a rank stages chunk k + 1 while its peers still
+//            reduce chunk k, instead of waiting for them.
 // Each element is reduced by exactly one rank, so the result is the same
 // bits everywhere, and no rank holds more than its input, its output and
 // the segment.
@@ -47,12 +50,35 @@ struct Slices {
   size_t len(int j) const { return std::min(total, per * (j + 1)) - first(j); }
 };
 
-Status allreduce_chunk(ShmGroup& g, const char* src, char* dst, size_t n, size_t elem,
-                       ReduceFn fn, int root, std::vector<const void*>& inputs) {
-  const int me = g.me(), size = g.size();
+Slices slices_of(size_t n, int size, size_t elem) {
   const size_t line = std::max<size_t>(1, 64 / elem);
   Slices s{(n + size - 1) / size, n};
   s.per = (s.per + line - 1) / line * line;
+  return s;
+}
+
+// A chunk reduced by everyone but not yet copied out.
+struct Pending {
+  bool active = false;
+  uint64_t step = 0, phase = 0;
+  char* dst = nullptr;
+  Slices s{0, 0};
+};
+
+Status copy_out(ShmGroup& g, Pending& p, size_t elem) {
+  if (!p.active) return Status();
+  HVS_CHECK(g.wait_all(p.phase));
+  for (int j = 0; j < g.size(); ++j)
+    std::memcpy(p.dst + p.s.first(j) * elem, g.buffer(j, p.step) + p.s.first(j) * elem,
+                p.s.len(j) * elem);
+  p.active = false;
+  return Status();
+}
+
+Status allreduce_chunk(ShmGroup& g, const char* src, char* dst, size_t n, size_t elem,
+                       ReduceFn fn, int root, std::vector<const void*>& inputs, Pending& pending) {
+  const int me = g.me(), size = g.size();
+  Slices s = slices_of(n, size, elem);
   HVS_CHECK(g.begin_step());
   char* mine = g.buffer(me);
   // Stage everything but our own slice: slices before it, then after it.
@@ -60,16 +86,13 @@ Status allreduce_chunk(ShmGroup& g, const char* src, char* dst, size_t n, size_t
   size_t after = s.first(me) + s.len(me);
   std::memcpy(mine + after * elem, src + after * elem, (n - after) * elem);
   g.post();
+  HVS_CHECK(copy_out(g, pending, elem));
   HVS_CHECK(g.wait_all(g.phase()));
   size_t off = s.first(me) * elem;
   for (int j = 0; j < size; ++j) inputs[j] = j == me ? src + off : g.buffer(j) + off;
   reduce_many(fn, elem, mine + off, inputs.data(), size, s.len(me));
   g.post();
-  if (root < 0 || root == me) {
-    HVS_CHECK(g.wait_all(g.phase()));
-    for (int j = 0; j < size; ++j)
-      std::memcpy(dst + s.first(j) * elem, g.buffer(j) + s.first(j) * elem, s.len(j) * elem);
-  }
+  if (root < 0 || root == me) pending = Pending{true, g.step(), g.phase(), dst, s};
   g.end_step();
   return Status();
 }
@@ -90,10 +113,13 @@ Status shm_allreduce(ShmGroup& g, const void* src, void* dst, size_t count, size
   std::vector<const void*> inputs(g.size());
   const char* in = static_cast<const char*>(src);
   char* out = static_cast<char*>(dst);
+  Pending pending;
   for (size_t first = 0; first < count; first += chunk) {
     size_t n = std::min(chunk, count - first);
-    HVS_CHECK(allreduce_chunk(g, in + first * elem, out + first * elem, n, elem, fn, root, inputs));
+    HVS_CHECK(allreduce_chunk(g, in + first * elem, out + first * elem, n, elem, fn, root, inputs,
+                              pending));
   }
+  HVS_CHECK(copy_out(g, pending, elem));
   return Status();
 }
 

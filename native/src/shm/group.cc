@@ -63,16 +63,19 @@ ShmGroup::ShmGroup(std::unique_ptr<Segment> seg, int me, std::vector<int> world,
   size_t slot = seg_->slot_bytes();
   size_t chunk = chunk_bytes < 4096 ? 4096 : chunk_bytes / 4096 * 4096;
   if (chunk > slot / 2) chunk = slot / 2 / 64 * 64;
-  nbuf_ = slot / chunk;
+  nbuf_ = slot / chunk;  // >= 2
   buf_bytes_ = chunk;
   chunk_bytes_ = chunk;
   end_phase_.assign(nbuf_, 0);
 }
 
-char* ShmGroup::buffer(int local) const { return seg_->slot(local) + (step_ % nbuf_) * buf_bytes_; }
+char* ShmGroup::buffer(int local, uint64_t step) const {
+  return seg_->slot(local) + (step % nbuf_) * buf_bytes_;
+}
 
+// end_phase_[(g + 1) % nbuf] holds the end of step g + 1 - nbuf.
 Status ShmGroup::begin_step() {
-  if (step_ >= nbuf_) HVS_CHECK(wait_all(end_phase_[step_ % nbuf_] + 1));
+  if (step_ + 1 >= nbuf_) HVS_CHECK(wait_all(end_phase_[(step_ + 1) % nbuf_]));
   return Status();
 }
 

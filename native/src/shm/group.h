@@ -9,11 +9,12 @@
 //           has written what the others wait for.  Counters only grow, so
 //           nothing is ever reset and no extra barrier is needed between ops.
 //
-// Buffer reuse without barriers: a rank posts the first phase of step g+1
-// only after it finished reading everything of step g.  So before writing
-// buffer g % nbuf a rank waits until every peer has posted one phase past
-// the end of step g - nbuf; with nbuf >= 2 that has almost always happened
-// already, and the check is a few loads.
+// Buffer reuse without barriers: a rank finishes reading the buffers of step
+// g before it ends step g + 1 (an algorithm may defer its last reads of a
+// step into the next one, to overlap them with that step's writes).  So
+// before writing buffer g % nbuf a rank waits until every peer has ended step
+// g - nbuf + 1; with many buffers that has almost always happened already,
+// and the check is a few loads.
 //
 // Waiting: spin on the peer's counter (no syscall on the fast path) for
 // `spin_ns`, then sched_yield for a little while (another local rank may need
@@ -55,7 +56,9 @@ class ShmGroup {
   // Step bookkeeping; see the file comment.
   Status begin_step();
   void end_step();
-  char* buffer(int local) const;  // this step's buffer in the slot of `local`
+  char* buffer(int local) const { return buffer(local, step_); }  // this step's
+  char* buffer(int local, uint64_t step) const;
+  uint64_t step() const { return step_; }
 
   void post();
   uint64_t phase() const { return phase_; }
