@@ -53,7 +53,11 @@ def launched_by_mpiexec(environ: Mapping[str, str]) -> bool:
 
 
 def available() -> Tuple[bool, str]:
-    """(True, library version) or (False, what is missing and how to install it)."""
+    """(True, library version) or (False, what is missing and how to install it).
+
+    It imports mpi4py.MPI, which initializes MPI in this process (a singleton
+    world of one outside mpiexec); `launched_by_mpiexec` is the side-effect-free test.
+    """
     try:
         MPI = _import_mpi()
     except NotSupported as exc:
