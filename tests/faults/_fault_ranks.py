@@ -309,9 +309,9 @@ def train_and_reset(outdir, victim, delay, seconds=20.0, nelem=1 << 18):
         if comm.rank == victim:
             store_port = int(os.environ["HVS_STORE_ADDR"].rsplit(":", 1)[1])
 
-            def reset():
-                n = reset_connections(keep_ports=(store_port,))
-                note(outdir, victim, "killed", t=time.time(), where=f"reset {n} connections")
+            def reset():  # the note first: the rank may be gone right after the reset
+                note(outdir, victim, "killed", t=time.time(), where="reset mesh connections")
+                reset_connections(keep_ports=(store_port,))
 
             t = threading.Timer(delay, reset)
             t.daemon = True
