@@ -119,15 +119,16 @@ def _hvd_rank(spec, hvd, model, opt):
         hvd.shutdown()
 
 
-def run(impl: str, n: int, spec: dict) -> float:
-    """Samples per second of one configuration (every rank's samples, slowest rank's time)."""
+def run(impl: str, n: int, spec: dict) -> tuple:
+    """(samples per second over every rank, CPU ms per step of rank 0, rank 0's metrics)."""
     from collectives.launch import run_local
 
     env = {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     per_rank = run_local(_rank, n, args=(spec, impl, free_port()), env=env, timeout=1800,
                          prefix_output=False)
     seconds = max(r["seconds"] for r in per_rank)
-    return spec["batch"] * n * spec["steps"] / seconds, per_rank[0].get("metrics")
+    cpu_ms = per_rank[0]["cpu_s"] / spec["steps"] * 1e3
+    return spec["batch"] * n * spec["steps"] / seconds, cpu_ms, per_rank[0].get("metrics")
 
 
 def _configs(ns) -> list:
@@ -137,17 +138,20 @@ def _configs(ns) -> list:
     return impls
 
 
-def table(best: dict) -> str:
+def table(best: dict, cpu: dict) -> str:
     local = best[("local", 1)]
-    lines = ["# samples/s (best round); efficiency = 2-rank / (2 x 1-rank)",
-             f"# {'impl':>8} {'1 rank':>9} {'2 ranks':>9} {'eff(own 1)':>11} {'eff(local)':>11}"]
-    lines.append(f"  {'local':>8} {local:>9.1f} {'-':>9} {'-':>11} {'-':>11}")
+    lines = ["# samples/s (best round); efficiency = 2-rank / (2 x 1-rank); CPU ms per step of "
+             "rank 0 (every thread), least over rounds",
+             f"# {'impl':>8} {'1 rank':>9} {'2 ranks':>9} {'eff(own 1)':>11} {'eff(local)':>11} "
+             f"{'cpu 1':>7} {'cpu 2':>7}"]
+    lines.append(f"  {'local':>8} {local:>9.1f} {'-':>9} {'-':>11} {'-':>11} "
+                 f"{cpu[('local', 1)]:>7.1f} {'-':>7}")
     for impl in ("ours", "ddp", "horovod"):
         if (impl, 2) not in best:
             continue
         one, two = best[(impl, 1)], best[(impl, 2)]
         lines.append(f"  {impl:>8} {one:>9.1f} {two:>9.1f} {two / (2 * one):>11.3f} "
-                     f"{two / (2 * local):>11.3f}")
+                     f"{two / (2 * local):>11.3f} {cpu[(impl, 1)]:>7.1f} {cpu[(impl, 2)]:>7.1f}")
     if ("horovod", 2) not in best:
         lines.append("# horovod: not installed, not measured")
     return "\n".join(lines)
@@ -161,23 +165,27 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     ns = p.parse_args(argv)
     spec = {"batch": ns.batch, "steps": ns.steps, "warmup": ns.warmup}
-    rounds, metrics, load_before = [], {}, load()
+    rounds, cpus, metrics, load_before = [], [], {}, load()
     for k in range(ns.rounds):
-        got = {}
+        got, cpu = {}, {}
         for impl, n in _configs(ns):
-            got[(impl, n)], m = run(impl, n, spec)
-            metrics[f"{impl}-{n}"] = m
-            print(f"# round {k}: {impl} x{n}: {got[(impl, n)]:.1f} samples/s", file=sys.stderr,
-                  flush=True)
+            got[(impl, n)], cpu[(impl, n)], m = run(impl, n, spec)
+            metrics[f"{impl}-{n}-round{k}"] = m
+            print(f"# round {k}: {impl} x{n}: {got[(impl, n)]:.1f} samples/s, "
+                  f"{cpu[(impl, n)]:.1f} CPU ms/step", file=sys.stderr, flush=True)
         rounds.append(got)
+        cpus.append(cpu)
     best = {key: max(r[key] for r in rounds) for key in rounds[0]}
-    text = table(best)
+    least_cpu = {key: min(c[key] for c in cpus) for key in cpus[0]}
+    text = table(best, least_cpu)
     print(text)
     from _table import write_json
 
     path = write_json("training-np2", {
         "command": " ".join(sys.argv), "spec": spec, "load_before": load_before,
         "rounds": [{f"{i}-{n}": v for (i, n), v in r.items()} for r in rounds],
+        "cpu_ms_per_step": [{f"{i}-{n}": v for (i, n), v in c.items()} for c in cpus],
+        "load_after": load(),
         "best": {f"{i}-{n}": v for (i, n), v in best.items()}, "ours_metrics_rank0": metrics,
         "table": text})
     print(f"# JSON: {os.path.relpath(path)}")

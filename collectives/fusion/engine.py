@@ -75,6 +75,7 @@ class FusionEngine:
         self._joined, self._join_handles, self._join_first = False, [], {}
         self._last_joined = (False,) * self.size
         self._shutdown_requested = False
+        self._mark_cycles = False
         self._stopped: Optional[tuple] = None  # (error class, text, cause)
         self._cycle_no, self._cycle_start = 0, time.perf_counter()
         self._next_stall_probe = self._last_stall_report = time.perf_counter()
@@ -144,10 +145,14 @@ class FusionEngine:
                 self._metrics[key] = 0
         return out
 
-    def start_timeline(self, path: str) -> None:
-        """Start writing a Chrome-trace timeline to path (rank 0 only; others ignore it)."""
+    def start_timeline(self, path: str, mark_cycles: bool = False) -> None:
+        """Start writing a Chrome-trace timeline to path (rank 0 only; others ignore it).
+
+        mark_cycles: also mark the start of every cycle (CYCLE_START instants).
+        """
         if self.rank == 0:
             self.stop_timeline()
+            self._mark_cycles = mark_cycles
             self._executor.timeline = Timeline(path, self.rank)
 
     def stop_timeline(self) -> None:
@@ -209,6 +214,8 @@ class FusionEngine:
     def _cycle(self) -> None:
         t0 = time.perf_counter()
         self._cycle_no += 1
+        if self._mark_cycles and self._executor.timeline is not None:
+            self._executor.timeline.mark("CYCLE_START", t0)
         self._drain()
         vec, payload = self._vector()
         if self.size > 1:  # the sum over one rank is its own vector

@@ -127,7 +127,7 @@ def op_name(kind: str, name: Optional[str]) -> str:
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     """Start writing a Chrome-trace timeline (rank 0 writes it)."""
-    engine().start_timeline(file_path)
+    engine().start_timeline(file_path, mark_cycles=mark_cycles)
 
 
 def stop_timeline() -> None:

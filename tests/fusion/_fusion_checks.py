@@ -267,7 +267,7 @@ def a_stalled_tensor_is_reported_with_the_missing_ranks(eng, comm):
     try:
         eng.submit("stall.sync", "barrier").wait(WAIT)
         if comm.rank != 0:
-            time.sleep(3 * eng._config.stall_check_time + 0.5)
+            time.sleep(2 * eng._config.stall_check_time + 0.5)
         eng.submit("stall.x", "allreduce", np.ones(2)).wait(WAIT)
     finally:
         log.removeHandler(handler)
@@ -277,9 +277,29 @@ def a_stalled_tensor_is_reported_with_the_missing_ranks(eng, comm):
         assert any(f"not yet by ranks {missing}" in t for t in texts), texts
 
 
+def a_stall_past_the_shutdown_time_fails_the_op(eng, comm):
+    """HOROVOD_STALL_SHUTDOWN_TIME_SECONDS: rank 0's op fails; the others never submit it."""
+    eng.submit("never.sync", "barrier").wait(WAIT)
+    limit = eng._config.stall_shutdown_time
+    if comm.rank != 0:  # stay out of ops that could stall while rank 0 waits for its failure
+        time.sleep(limit + 3 * eng._config.stall_check_time + 1.0)
+    else:
+        try:
+            eng.submit("never", "allreduce", np.ones(2)).wait(WAIT)
+        except CollectiveError as exc:
+            text = str(exc)
+            missing = list(range(1, comm.size))
+            assert type(exc).__name__ == "CollectiveTimeout", type(exc)
+            assert "'never'" in text and f"not yet by ranks {missing}" in text, text
+        else:
+            raise AssertionError("a tensor stalled past the shutdown time did not fail")
+    eng.submit("never.done", "barrier").wait(WAIT)
+    assert (eng.submit("never.after", "allreduce", np.ones(1)).wait(WAIT) == comm.size).all()
+
+
 def the_timeline_is_chrome_trace_json_with_every_phase(eng, comm, workdir):
     path = os.path.join(workdir, "timeline.json")
-    eng.start_timeline(path)
+    eng.start_timeline(path, mark_cycles=True)
     xs = [np.ones(64, np.float32) for _ in range(16)]
     for h in [eng.submit(f"tl.{i}", "allreduce", x, out=x) for i, x in enumerate(xs)]:
         h.wait(WAIT)
@@ -297,6 +317,7 @@ def the_timeline_is_chrome_trace_json_with_every_phase(eng, comm, workdir):
             "MEMCPY_OUT_FUSION_BUFFER", "BROADCAST"}
     assert want <= phases, phases
     assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in events if e.get("ph") == "X")
+    assert any(e["name"] == "CYCLE_START" and e["ph"] == "i" for e in events)
 
 
 def shutdown_on_one_rank_fails_the_others_ops_naming_it(eng, comm):
@@ -336,6 +357,14 @@ def run_all(overrides: dict, workdir: str) -> dict:
             results[check.__name__] = "ok"
         except Exception:
             results[check.__name__] = traceback.format_exc()
+    eng.shutdown()
+    # A check that needs its own engine settings gets a fresh engine on the same comm.
+    eng = FusionEngine(comm, comm.config.replace(stall_check_time=0.5, stall_shutdown_time=1.5))
+    try:
+        a_stall_past_the_shutdown_time_fails_the_op(eng, comm)
+        results["a_stall_past_the_shutdown_time_fails_the_op"] = "ok"
+    except Exception:
+        results["a_stall_past_the_shutdown_time_fails_the_op"] = traceback.format_exc()
     eng.shutdown()
     comm.close()
     return results

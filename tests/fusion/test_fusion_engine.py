@@ -83,6 +83,10 @@ def test_a_stalled_tensor_is_reported_with_the_missing_ranks(results):
     _ok(results, checks.a_stalled_tensor_is_reported_with_the_missing_ranks)
 
 
+def test_a_stall_past_the_shutdown_time_fails_the_op(results):
+    _ok(results, checks.a_stall_past_the_shutdown_time_fails_the_op)  # its own engine, last
+
+
 def test_the_timeline_is_chrome_trace_json_with_every_phase(results):
     _ok(results, checks.the_timeline_is_chrome_trace_json_with_every_phase)
 

@@ -53,7 +53,8 @@ def results(tmp_path_factory):
     return {name: [res[name] for res in per_rank] for name in per_rank[0]}
 
 
-@pytest.mark.parametrize("check", [c.__name__ for c in checks.CHECKS])
+@pytest.mark.parametrize("check", [c.__name__ for c in checks.CHECKS]
+                         + ["a_stall_past_the_shutdown_time_fails_the_op"])
 def test_every_engine_check_passes_over_mpi(results, check):
     bad = [f"rank {r}:\n{text}" for r, text in enumerate(results[check]) if text != "ok"]
     assert not bad, "\n".join(bad)
