@@ -27,6 +27,10 @@ __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
            "LearningRateScheduleCallback", "LearningRateWarmupCallback"]
 
 
+def _is_seed_state(v) -> bool:
+    return str(getattr(v, "path", "")).endswith("seed_generator_state")
+
+
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """Start every rank from root_rank's model and optimizer state.
 
@@ -34,7 +38,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     (it is when it was made with keras.Input or called once), so the first step
     already starts from root's weights.  The TensorFlow backend builds the
     optimizer (and an unbuilt model) inside the first step, so what was not
-    there at the start goes after the first batch, as in Horovod.
+    there at the start goes after the first batch, as in Horovod.  The state
+    of random layers (Keras 3 seed generators: dropout, noise) stays per rank,
+    so ranks keep drawing different dropout masks, as they do under Horovod.
     """
 
     def __init__(self, root_rank: int = 0, device: str = "") -> None:
@@ -45,7 +51,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     def _broadcast(self) -> None:
         if not self._model_done and self.model.built and self.model.variables:
-            broadcast_variables(self.model.variables, self.root_rank)
+            broadcast_variables([v for v in self.model.variables if not _is_seed_state(v)],
+                                self.root_rank)
             self._model_done = True
         opt = getattr(self.model, "optimizer", None)
         if not self._optimizer_done and opt is not None and opt.built:

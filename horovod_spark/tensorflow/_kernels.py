@@ -11,6 +11,8 @@ communicator refuses AVERAGE on integers, so it never sees one.
 """
 from __future__ import annotations
 
+import itertools
+import threading
 from typing import List, Optional, Sequence
 
 import cloudpickle
@@ -21,8 +23,8 @@ from collectives.errors import describe
 
 from . import _basics
 
-__all__ = ["allreduce_group", "broadcast_group", "allgather", "alltoall", "reducescatter",
-           "barrier", "join", "broadcast_object", "allgather_object"]
+__all__ = ["allreduce_group", "submit_allreduce", "wait_allreduce", "broadcast_group", "allgather",
+           "alltoall", "reducescatter", "barrier", "join", "broadcast_object", "allgather_object"]
 
 
 def _integer_average(op: ReduceOp, dtype: np.dtype) -> bool:
@@ -92,6 +94,62 @@ def _engine_allreduce(eng, comm, arrays, names, op, pre, post) -> list:
     for (h, floor), a in zip(handles, arrays):
         r = np.asarray(h.wait()).reshape(a.shape)
         out.append(np.floor_divide(r, a.dtype.type(comm.size)) if floor else r)
+    return out
+
+
+# -- split allreduce: submit each tensor as soon as it exists, wait for all later --
+_lock = threading.Lock()
+_tokens = itertools.count(1)
+_submitted: dict = {}  # token -> (handle, shape, floor)
+_token_of: dict = {}   # name -> token
+
+
+def submit_allreduce(a: np.ndarray, name: str, op: ReduceOp, prescale: float = 1.0,
+                     postscale: float = 1.0) -> int:
+    """Hand one array to the engine; returns the token wait_allreduce takes.
+
+    The engine keeps a reference to `a` until the op is done, so a buffer
+    lent by TensorFlow stays alive (and unchanged) until then.
+    """
+    eng = _basics.engine()
+    op = ReduceOp(op)
+    floor = _integer_average(op, a.dtype)
+    _drop_abandoned(name)
+    if floor:
+        handle = eng.submit(name, "allreduce", a, op=ReduceOp.SUM)
+    else:
+        handle = eng.submit(name, "allreduce", a, op=op, prescale=prescale, postscale=postscale)
+    with _lock:
+        token = next(_tokens)
+        _submitted[token] = (handle, a.shape, a.dtype if floor else None)
+        _token_of[name] = token
+    return token
+
+
+def _drop_abandoned(name: str) -> None:
+    """A graph that failed between submit and wait left `name` behind: finish it first."""
+    with _lock:
+        token = _token_of.pop(name, None)
+        entry = _submitted.pop(token, None)
+    if entry is not None:
+        try:
+            entry[0].wait()
+        except Exception:  # noqa: BLE001  its graph already failed; the new op reports anew
+            pass
+
+
+def wait_allreduce(tokens: Sequence[int]) -> list:
+    """The results of submit_allreduce calls, in the order of `tokens`."""
+    with _lock:
+        entries = [_submitted.pop(int(t)) for t in tokens]
+        live = set(_submitted)
+        for name in [n for n, t in _token_of.items() if t not in live]:
+            del _token_of[name]
+    size = _basics.size()
+    out = []
+    for handle, shape, floor_dtype in entries:
+        r = np.asarray(handle.wait()).reshape(shape)
+        out.append(r if floor_dtype is None else np.floor_divide(r, floor_dtype.type(size)))
     return out
 
 

@@ -94,6 +94,23 @@ def fit_matches_single_process_training_on_the_global_batch():
 
 
 @check
+def broadcast_callback_syncs_weights_but_keeps_dropout_seeds_per_rank():
+    tf, keras, hvd, r, n = _setup()
+    keras.utils.set_random_seed(100 + r)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(8), keras.layers.Dropout(0.5),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse",
+                  jit_compile=False)
+    x, y = _data(n)
+    model.fit(_shard(x, r, n), _shard(y, r, n), batch_size=LOCAL_BATCH, epochs=1, verbose=0,
+              shuffle=False, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    weights = hvd.allgather_object([v.numpy() for v in model.trainable_variables])
+    seeds = hvd.allgather_object([v.numpy() for v in model.non_trainable_variables])
+    _close(weights[0], weights[-1], 0)
+    assert any(not np.array_equal(a, b) for a, b in zip(seeds[0], seeds[-1])), seeds
+
+
+@check
 def metric_average_callback_averages_every_rank_s_metrics():
     tf, keras, hvd, r, n = _setup()
     local = {}

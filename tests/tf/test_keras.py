@@ -21,6 +21,10 @@ def test_fit_with_the_optimizer_and_callbacks_matches_the_global_batch(results):
     assert_ok(results, "fit_matches_single_process_training_on_the_global_batch")
 
 
+def test_broadcast_callback_syncs_weights_but_keeps_dropout_seeds_per_rank(results):
+    assert_ok(results, "broadcast_callback_syncs_weights_but_keeps_dropout_seeds_per_rank")
+
+
 def test_metric_average_callback_averages_every_rank_s_metrics(results):
     assert_ok(results, "metric_average_callback_averages_every_rank_s_metrics")
 
