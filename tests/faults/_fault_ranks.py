@@ -359,14 +359,19 @@ def listeners(pid):
             if c.status == psutil.CONN_LISTEN]
 
 
-def show_listeners_during_bootstrap(outdir, wait_s=60.0):
-    """Each rank notes its own and its parent's listeners while its mesh listener is open,
-    then waits for the test's `go` file before it finishes bootstrap."""
+def held_bootstrap(outdir, held, wait_s=60.0):
+    """Bootstrap, with the ranks in `held` stopped once they have published their address.
+
+    A held rank notes its own and its parent's listeners (its mesh listener is
+    open then), and waits for the test's `go` file before it connects to its
+    peers; the others go on accepting.  Then every rank allreduces rank+1 and
+    notes the result.
+    """
     rank = _rank()
     size = int(os.environ["HVS_SIZE"])
 
     def hook(op, key, before):
-        if op == "get" and not before and key.endswith(f"/mesh/rank/{size - 1}"):
+        if rank in held and op == "get" and not before and key.endswith(f"/mesh/rank/{size - 1}"):
             note(outdir, rank, "listeners", own=listeners(os.getpid()),
                  parent=listeners(os.getppid()), bind=os.environ["HVS_BIND_ADDR"])
             end = time.monotonic() + wait_s
@@ -375,7 +380,9 @@ def show_listeners_during_bootstrap(outdir, wait_s=60.0):
 
     def body():
         comm = communicator_through(hook)
-        return float(comm.allreduce(np.ones(4, np.float32))[0])
+        value = float(comm.allreduce(np.full(4, rank + 1.0, np.float32))[0])
+        note(outdir, rank, "result", value=value)
+        return value
 
     return guarded(outdir, body)
 
