@@ -119,7 +119,7 @@ def _loop(cfg, distributed: bool) -> list:
         hvd.init()
         hvd.broadcast_variables(model.variables, 0)
 
-    @tf.function
+    @tf.function(autograph=False)
     def step(x, y):
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model(x, training=True))
@@ -164,7 +164,7 @@ def _mwms(cfg, ports, use_fit: bool) -> list:
         opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    @tf.function
+    @tf.function(autograph=False)
     def step(it):
         x, y = next(it)
         return strategy.reduce("SUM", strategy.run(replica_step, (x, y)), axis=None)

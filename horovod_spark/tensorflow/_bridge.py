@@ -15,14 +15,16 @@ its kind and a per-kind call count.
 from __future__ import annotations
 
 import itertools
+import weakref
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["call", "op_name", "to_wire", "from_wire", "check_not_xla"]
+__all__ = ["call", "op_name", "site_suffix", "to_wire", "from_wire", "check_not_xla"]
 
 _counters: dict = {}
+_sites: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def op_name(kind: str, tensor, name: Optional[str]) -> str:
@@ -33,6 +35,21 @@ def op_name(kind: str, tensor, name: Optional[str]) -> str:
         return f"{kind}.{tensor.name}"
     counter = _counters.setdefault(kind, itertools.count())
     return f"{kind}.noname.{next(counter)}"
+
+
+def site_suffix(prefix: str) -> str:
+    """'' for the first use of `prefix` in the graph being traced, then '.1', '.2', ...
+
+    Tracing is deterministic, so every rank numbers the call sites of one
+    function alike; two sites then never share a name while both are pending.
+    Eager calls finish before they return, so they reuse their names.
+    """
+    if tf.executing_eagerly():
+        return ""
+    counts = _sites.setdefault(tf.compat.v1.get_default_graph(), {})
+    k = counts.get(prefix, 0)
+    counts[prefix] = k + 1
+    return f".{k}" if k else ""
 
 
 def to_wire(t: tf.Tensor) -> tf.Tensor:

@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 import tensorflow as tf
 
 from . import _basics
+from ._bridge import site_suffix
 from .compression import Compression
 from .mpi_ops import Average, Sum, allreduce_dense, allreduce_sparse, resolve_op
 
@@ -69,7 +70,8 @@ class GradientReducer:
     def reduce(self, grads: Sequence, variables: Optional[Sequence] = None) -> list:
         """The reduced gradients, in order; None stays None."""
         grads = list(grads)
-        labels = [f"{self.prefix}.{i}." + (_label(variables[i], i) if variables is not None else "g")
+        prefix = self.prefix + site_suffix(self.prefix)
+        labels = [f"{prefix}.{i}." + (_label(variables[i], i) if variables is not None else "g")
                   for i in range(len(grads))]
         op, pre, post = self._scaling()
         out: list = [None] * len(grads)

@@ -100,8 +100,8 @@ def _engine_allreduce(eng, comm, arrays, names, op, pre, post) -> list:
 # -- split allreduce: submit each tensor as soon as it exists, wait for all later --
 _lock = threading.Lock()
 _tokens = itertools.count(1)
-_submitted: dict = {}  # token -> (handle, shape, floor)
-_token_of: dict = {}   # name -> token
+_submitted: dict = {}  # token -> (handle, shape, dtype to floor-divide by size, or None)
+_token_of: dict = {}   # name -> token of its latest submission
 
 
 def submit_allreduce(a: np.ndarray, name: str, op: ReduceOp, prescale: float = 1.0,
@@ -114,7 +114,7 @@ def submit_allreduce(a: np.ndarray, name: str, op: ReduceOp, prescale: float = 1
     eng = _basics.engine()
     op = ReduceOp(op)
     floor = _integer_average(op, a.dtype)
-    _drop_abandoned(name)
+    _await_previous(name)
     if floor:
         handle = eng.submit(name, "allreduce", a, op=ReduceOp.SUM)
     else:
@@ -126,15 +126,16 @@ def submit_allreduce(a: np.ndarray, name: str, op: ReduceOp, prescale: float = 1
     return token
 
 
-def _drop_abandoned(name: str) -> None:
-    """A graph that failed between submit and wait left `name` behind: finish it first."""
+def _await_previous(name: str) -> None:
+    """An earlier submission of `name` not yet waited for (the same graph running again
+    before its wait ran, or a graph that failed midway) must finish before the engine
+    takes the name again; its result stays for its own wait."""
     with _lock:
-        token = _token_of.pop(name, None)
-        entry = _submitted.pop(token, None)
+        entry = _submitted.get(_token_of.get(name))
     if entry is not None:
         try:
             entry[0].wait()
-        except Exception:  # noqa: BLE001  its graph already failed; the new op reports anew
+        except Exception:  # noqa: BLE001  reported to its own waiter, if any
             pass
 
 
@@ -142,8 +143,8 @@ def wait_allreduce(tokens: Sequence[int]) -> list:
     """The results of submit_allreduce calls, in the order of `tokens`."""
     with _lock:
         entries = [_submitted.pop(int(t)) for t in tokens]
-        live = set(_submitted)
-        for name in [n for n, t in _token_of.items() if t not in live]:
+        done = {int(t) for t in tokens}
+        for name in [n for n, t in _token_of.items() if t in done]:
             del _token_of[name]
     size = _basics.size()
     out = []

@@ -302,6 +302,28 @@ def distributed_gradient_tape_averages_eagerly_and_in_tf_function():
 
 
 @check
+def two_distributed_tapes_over_one_variable_in_one_tf_function():
+    tf, hvd, r, n = _setup()
+    w = tf.Variable([1.0, 2.0])
+
+    @tf.function
+    def two_losses():
+        with tf.GradientTape() as t1:
+            a = tf.reduce_sum(w) * (r + 1)
+        with tf.GradientTape() as t2:
+            b = tf.reduce_sum(w * w) * (r + 1)
+        ga = hvd.DistributedGradientTape(t1, op=hvd.Sum).gradient(a, [w, 2 * w])
+        gb = hvd.DistributedGradientTape(t2, op=hvd.Sum).gradient(b, [w])
+        return ga[0], gb[0]
+
+    total = n * (n + 1) / 2
+    for _ in range(3):
+        ga, gb = two_losses()
+        close(ga, [total, total])
+        close(gb, [2 * total, 4 * total])
+
+
+@check
 def distributed_gradient_tape_keeps_nesting_and_none_gradients():
     tf, hvd, r, n = _setup()
     a, b, unused = tf.Variable(1.0), tf.Variable([2.0, 3.0]), tf.Variable(5.0)

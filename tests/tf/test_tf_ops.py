@@ -86,6 +86,10 @@ def test_distributed_gradient_tape_averages_eagerly_and_in_tf_function(results):
     _ok(results, "distributed_gradient_tape_averages_eagerly_and_in_tf_function")
 
 
+def test_two_distributed_tapes_over_one_variable_in_one_tf_function(results):
+    _ok(results, "two_distributed_tapes_over_one_variable_in_one_tf_function")
+
+
 def test_distributed_gradient_tape_keeps_nesting_and_none_gradients(results):
     _ok(results, "distributed_gradient_tape_keeps_nesting_and_none_gradients")
 
