@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import warnings
 from typing import Optional
 
 __all__ = ["get_session", "embedded_master", "package_root"]
@@ -29,6 +30,9 @@ logger.executor.name = org.apache.spark.executor.Executor
 logger.executor.level = off
 logger.tasksetmanager.name = org.apache.spark.scheduler.TaskSetManager
 logger.tasksetmanager.level = off
+# with a level of its own, the launcher does not announce "Setting default log level"
+logger.gateway.name = org.apache.spark.api.python.PythonGatewayServer
+logger.gateway.level = error
 """
 
 
@@ -69,14 +73,16 @@ def _start_embedded(np_hint: int):
 def _build(np_hint: int, java_opts: str):
     from pyspark.sql import SparkSession
 
-    return (SparkSession.builder.master(embedded_master(np_hint))
+    builder = (SparkSession.builder.master(embedded_master(np_hint))
              .appName("horovod-spark")
              .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
              .config("spark.executorEnv.PYTHONPATH", _python_path())
              .config("spark.driver.extraJavaOptions", java_opts)
              .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.ui.enabled", "false")
-             .getOrCreate())
+             .config("spark.ui.enabled", "false"))
+    with warnings.catch_warnings():  # PySpark's own pandas-version notice, not the user's
+        warnings.filterwarnings("ignore", "PySpark does not yet fully support pandas")
+        return builder.getOrCreate()
 
 
 def get_session(np_hint: int = 0, start: bool = True):

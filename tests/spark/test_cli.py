@@ -1,0 +1,78 @@
+"""`horovod-spark run --np N script.py args`: a script as every rank, in a bare Python."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from _spark_support import REPO
+
+SCRIPT = textwrap.dedent("""
+    import os
+    import sys
+    rank = os.environ["HVS_RANK"]
+    print(f"rank {rank} of {os.environ['HVS_SIZE']} argv {sys.argv[1:]} as {__name__}", flush=True)
+    if sys.argv[1:2] == ["fail"] and rank == "1":
+        sys.exit(3)
+""")
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+def bare_env() -> dict:
+    """This environment without any Spark or rank variables: a user's plain shell."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYSPARK_", "HVS_", "HOROVOD_", "SPARK_"))}
+    env["PYTHONPATH"] = REPO
+    return env
+
+
+def horovod_spark_run(*args, cwd, timeout=240):
+    return subprocess.run([sys.executable, "-m", "horovod_spark.cli", "run", *args], cwd=cwd,
+                          env=bare_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def test_the_cli_runs_a_script_as_every_local_rank(script, tmp_path):
+    done = horovod_spark_run("--np", "-2", str(script), "--epochs", "3", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    for rank in (0, 1):
+        assert f"[{rank}]<stdout>:rank {rank} of 2 argv ['--epochs', '3'] as __main__" in done.stdout
+
+
+def test_the_cli_exits_non_zero_naming_the_failing_rank(script, tmp_path):
+    done = horovod_spark_run("--np", "-2", str(script), "fail", cwd=tmp_path)
+    assert done.returncode == 1
+    assert "rank 1/2: SystemExit: 3" in done.stderr
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_cli_runs_a_script_on_the_embedded_spark_session_of_a_bare_python(script, tmp_path):
+    done = horovod_spark_run("--np", "2", "--env", "EPOCHS=3", str(script), "a", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"[{rank}]<stdout>:rank {rank} of 2 argv ['a'] as __main__" in done.stdout
+    # the embedded session keeps Spark quiet: no log lines, no log-level banner
+    assert " WARN " not in done.stderr and "log level" not in done.stderr, done.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(shutil.which("mpiexec") is None, reason="mpiexec is not on PATH")
+@pytest.mark.timeout(120)
+def test_the_cli_hands_the_script_to_mpiexec_with_mpi(tmp_path):
+    path = tmp_path / "mpi_train.py"
+    path.write_text("import sys\nimport collectives\ncomm = collectives.init()\n"
+                    "open(f'{sys.argv[1]}.{comm.rank}', 'w').write(f'{comm.backend_name} {comm.size}')\n")
+    done = horovod_spark_run("--mpi", "--np", "2", str(path), str(tmp_path / "out"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert [(tmp_path / f"out.{r}").read_text() for r in (0, 1)] == ["mpi 2", "mpi 2"]

@@ -1,0 +1,130 @@
+"""The Spark Store over real TCP: private keys stay, shared keys meet at rank 0's task store.
+
+Tasks are threads here, with an allGather that has Spark's semantics (every task
+sends one string, every task gets all of them in rank order); the Spark modules run
+the same store on real barrier tasks.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+import pytest
+
+import _spark_support  # noqa: F401  (puts the repository on sys.path)
+
+from collectives.errors import CollectiveError
+from collectives.store import TCPStore
+from horovod_spark._spark_store import SparkStore
+
+SECRET = os.urandom(32)
+JOB = "hvs-0123/a0"
+pytestmark = pytest.mark.timeout(60)
+
+
+class AllGather:
+    """BarrierTaskContext.allGather for n tasks that are threads of this process."""
+
+    def __init__(self, n: int) -> None:
+        self._barrier, self._slots = threading.Barrier(n, timeout=30), [None] * n
+        self.calls = 0
+
+    def of(self, rank: int):
+        def all_gather(message: str) -> list:
+            self._slots[rank] = message
+            self.calls += 1
+            self._barrier.wait()
+            replies = list(self._slots)
+            self._barrier.wait()
+            return replies
+        return all_gather
+
+
+@pytest.fixture
+def stores():
+    gather = AllGather(3)
+    servers = [SparkStore("127.0.0.1", SECRET, JOB, r, 3, gather.of(r)) for r in range(3)]
+    clients = [TCPStore.connect(s.address, SECRET) for s in servers]
+    yield servers, clients, gather
+    for c in clients:
+        c.close()
+    for s in servers:
+        s.close()
+
+
+def test_every_rank_reads_every_ranks_publication(stores):
+    servers, clients, gather = stores
+    results = [None] * 3
+
+    def rank_main(r):
+        clients[r].set(f"{JOB}/comm0/mesh/rank/{r}", f"addr-{r}".encode())
+        results[r] = [clients[r].get(f"{JOB}/comm0/mesh/rank/{p}", 10) for p in range(3)]
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert results == [[b"addr-0", b"addr-1", b"addr-2"]] * 3
+    assert [s.rounds for s in servers] == [1, 1, 1] and gather.calls == 3
+
+
+def test_a_key_one_rank_sets_reaches_the_ranks_that_wait_for_it(stores):
+    _, clients, _ = stores
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(clients[2].get(f"{JOB}/comm0/shm/0", 10)))
+    waiter.start()
+    threading.Thread(target=lambda: clients[1].add(f"{JOB}/comm0/count", 1)).start()
+    clients[0].set(f"{JOB}/comm0/shm/0", b"/hvs-segment")
+    waiter.join(30)
+    assert got == [b"/hvs-segment"]
+    assert clients[0].add(f"{JOB}/comm0/count", 1) == 2  # counters are shared too
+
+
+def test_private_keys_stay_in_their_task_store_and_need_no_round(stores):
+    servers, clients, gather = stores
+    clients[1].set(f"{JOB}/fn", b"payload of task 1")
+    clients[1].set(f"{JOB}/result/1", b"result of rank 1")
+    assert servers[1].check(f"{JOB}/fn") and not servers[0].check(f"{JOB}/fn")
+    assert servers[1].get(f"{JOB}/result/1") == b"result of rank 1"
+    assert gather.calls == 0
+
+
+def test_a_round_that_never_completes_fails_the_request_naming_init():
+    never = threading.Event()
+    store = SparkStore("127.0.0.1", SECRET, JOB, 1, 2, lambda msg: never.wait() or [],
+                       round_timeout=0.5)
+    client = TCPStore.connect(store.address, SECRET)
+    try:
+        with pytest.raises(CollectiveError, match=r"rendezvous on rank 1/2: the store round .* "
+                                                  r"after 0\.5 s; does every rank call "
+                                                  r"collectives.init\(\)"):
+            client.get(f"{JOB}/comm0/mesh/rank/0", 5)
+    finally:
+        never.set()
+        client.close()
+        store.close()
+
+
+def test_a_round_answered_by_another_job_is_refused():
+    def other_job(msg):
+        mine = json.loads(msg)
+        return [json.dumps(dict(mine, job="hvs-other/a0", rank=0)), msg]
+
+    store = SparkStore("127.0.0.1", SECRET, JOB, 1, 2, other_job)
+    client = TCPStore.connect(store.address, SECRET)
+    try:
+        with pytest.raises(CollectiveError, match="task 0 answered the store round for job "
+                                                  "'hvs-other/a0'"):
+            client.set(f"{JOB}/comm0/mesh/rank/1", b"x")
+    finally:
+        client.close()
+        store.close()
+
+
+def test_a_client_without_the_secret_never_reaches_the_store(stores):
+    servers, _, _ = stores
+    with pytest.raises(CollectiveError):
+        TCPStore.connect(servers[0].address, os.urandom(32), timeout=2).set(f"{JOB}/x", b"1")
+    assert not servers[0].check(f"{JOB}/x")
