@@ -4,10 +4,12 @@ A thin layer over `collectives._native` (C++, native/): this file only wires
 the mesh, the store and the config into a native Context and maps the
 Backend methods onto it.  The GIL is released inside every native call.
 
-Shared memory: local rank 0 creates a segment under a fresh random name and
-publishes the name through the store; the other local ranks attach; the name
-is unlinked as soon as all are attached (by the last to attach, and by the
-creator in any case), so a crash never leaves a segment in /dev/shm.
+Shared memory: local rank 0 publishes a fresh random name through the store,
+then creates the segment; the other local ranks attach (retrying until it
+exists); the name is unlinked as soon as all are attached (by the last to
+attach, and by the creator or a failing attacher in any case), so a crash at
+any point of bootstrap never leaves a segment in /dev/shm that nobody knows.
+A rank waiting on local rank 0 checks its pid, so a death there is named.
 """
 from __future__ import annotations
 
@@ -84,24 +86,62 @@ class NativeBackend(Backend):
         local = topo.local_ranks
         key = f"{prefix}/native/shm/{local[0]}"
         if topo.local_rank != 0:
-            name = store.get(key, config.connect_timeout).decode()
-            return _native.ShmSegment.attach(name, len(local), config.shm_slot_bytes, topo.rank)
+            return self._attach(self._wait_for_name(store, key, local[0]), local)
+        # Publish first, then create: a death in between leaves nothing behind.
         name = f"/hvs-{os.getpid()}-{secrets.token_hex(8)}"
+        store.set(key, name.encode())
         seg = _native.ShmSegment.create(name, len(local), config.shm_slot_bytes, topo.rank)
         try:
-            store.set(key, name.encode())
             self._wait_attached(seg, local)
         finally:
             seg.unlink()
         return seg
 
+    def _wait_for_name(self, store, key: str, leader: int) -> str:
+        """The segment name local rank 0 publishes; named errors if it never does."""
+        timeout = self._config.connect_timeout
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return store.get(key, min(0.25, max(deadline - time.monotonic(), 0.01))).decode()
+            except CollectiveTimeout:
+                pass
+            self._check_alive(leader, "died before publishing its shared memory")
+            if time.monotonic() > deadline:
+                raise CollectiveTimeout(self._msg(
+                    "local rank 0 never published its shared memory", "bootstrap", peer=leader,
+                    timeout=timeout, hint="is that process alive?"))
+
+    def _attach(self, name: str, local: Sequence[int]):
+        """Attach, retrying while local rank 0 has not created the segment yet."""
+        topo, config = self.topology, self._config
+        deadline = time.monotonic() + config.connect_timeout
+        try:
+            while True:
+                seg = _native.ShmSegment.attach(name, len(local), config.shm_slot_bytes, topo.rank)
+                if seg is not None:
+                    return seg
+                self._check_alive(local[0], "died before creating its shared memory")
+                if time.monotonic() > deadline:
+                    raise CollectiveTimeout(self._msg(
+                        f"shared memory {name} never appeared", "bootstrap", peer=local[0],
+                        timeout=config.connect_timeout))
+                time.sleep(0.001)
+        except BaseException:
+            _native.ShmSegment.unlink_name(name)  # nobody else might
+            raise
+
+    def _check_alive(self, peer: int, what: str) -> None:
+        if not _alive(self._mesh.pids[peer]):
+            raise PeerLostError(self._msg(f"local rank {self.topology.local_ranks.index(peer)} {what}",
+                                          "bootstrap", peer=peer))
+
     def _wait_attached(self, seg, local: Sequence[int]) -> None:
         deadline = time.monotonic() + self._config.connect_timeout
         while seg.attached < len(local):
             for r in local:
-                if not _alive(self._mesh.pids[r]):
-                    raise PeerLostError(self._msg("never attached to shared memory; its process is gone",
-                                                  "bootstrap", peer=r))
+                if r != self.rank:
+                    self._check_alive(r, "died before attaching to shared memory")
             if time.monotonic() > deadline:
                 raise CollectiveTimeout(self._msg(
                     f"only {seg.attached} of {len(local)} local ranks attached to shared memory",

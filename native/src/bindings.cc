@@ -205,12 +205,15 @@ void bind_context(py::module_& m) {
 }
 
 void bind_segment(py::module_& m) {
-  auto make = [](bool create, const std::string& name, int nranks, size_t slot_bytes, int rank) {
+  // attach returns None while the segment is not there yet (the caller retries).
+  auto make = [](bool create, const std::string& name, int nranks, size_t slot_bytes,
+                 int rank) -> py::object {
     auto out = std::make_unique<PySegment>();
     Status st = create ? Segment::create(name, nranks, slot_bytes, &out->seg)
                        : Segment::attach(name, nranks, slot_bytes, &out->seg);
+    if (st.code() == Code::kNotReady) return py::none();
     if (!st.ok()) raise_status(st, Where{rank, -1, nullptr, 0}, "shared memory setup", -1);
-    return out;
+    return py::cast(std::move(out));
   };
   py::class_<PySegment>(m, "ShmSegment")
       .def_static("create", [make](const std::string& name, int nranks, size_t slot_bytes, int rank) {
@@ -220,6 +223,7 @@ void bind_segment(py::module_& m) {
         return make(false, name, nranks, slot_bytes, rank);
       }, "name"_a, "nranks"_a, "slot_bytes"_a, "rank"_a = -1)
       .def("unlink", [](PySegment& s) { s.get().unlink(); })
+      .def_static("unlink_name", [](const std::string& name) { Segment::unlink(name); }, "name"_a)
       .def_property_readonly("attached", [](PySegment& s) { return s.get().attached(); })
       .def_property_readonly("name", [](PySegment& s) { return s.get().name(); });
 }

@@ -23,6 +23,7 @@ enum class Code : int {
   kSystem = 4,        // a system call failed (errno text in the message)
   kMismatch = 5,      // ranks disagree (sizes, steps)
   kNotSupported = 6,  // op or dtype not implemented
+  kNotReady = 7,      // try again: e.g. a shared segment not created yet
 };
 
 class [[nodiscard]] Status {

@@ -73,11 +73,12 @@ Status Segment::create(const std::string& name, int nranks, size_t slot_bytes,
     return std::move(st).at(__FILE__, __LINE__);
   }
   Header* h = new (seg->base_) Header();
-  h->magic = kMagic;
   h->nranks = static_cast<uint64_t>(nranks);
   h->slot_bytes = seg->slot_bytes_;
   for (int i = 0; i < nranks; ++i) new (&seg->control(i)) ShmControl();
-  h->attached.store(1, std::memory_order_release);
+  h->attached.store(1, std::memory_order_relaxed);
+  // The magic last: an attacher that sees it sees an initialised segment.
+  reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->store(kMagic, std::memory_order_release);
   if (nranks == 1) seg->unlink();
   *out = std::move(seg);
   return Status();
@@ -90,18 +91,25 @@ Status Segment::attach(const std::string& name, int nranks, size_t slot_bytes,
   seg->nranks_ = nranks;
   seg->slot_bytes_ = round_up(slot_bytes, kPage);
   int fd = shm_open(name.c_str(), O_RDWR, 0600);
+  if (fd < 0 && errno == ENOENT) return HVS_ERROR(Code::kNotReady, "shared memory " + name + " does not exist yet");
   if (fd < 0)
     return HVS_ERROR(Code::kSystem, "shm_open(" + name + ") to attach failed: " + std::strerror(errno));
   size_t bytes = total_bytes(nranks, seg->slot_bytes_);
   struct stat sb;
-  if (fstat(fd, &sb) != 0 || static_cast<size_t>(sb.st_size) != bytes) {
+  if (fstat(fd, &sb) != 0 || sb.st_size == 0) {
+    close(fd);
+    return HVS_ERROR(Code::kNotReady, "shared memory " + name + " is not sized yet");
+  }
+  if (static_cast<size_t>(sb.st_size) != bytes) {
     close(fd);
     return HVS_ERROR(Code::kMismatch, "shared memory " + name + " has another size than expected for " +
                                           std::to_string(nranks) + " ranks; do all ranks use the same shm_slot_bytes?");
   }
   HVS_CHECK(seg->map(fd, bytes));
   Header* h = reinterpret_cast<Header*>(seg->base_);
-  if (h->magic != kMagic || h->nranks != static_cast<uint64_t>(nranks))
+  uint64_t magic = reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->load(std::memory_order_acquire);
+  if (magic == 0) return HVS_ERROR(Code::kNotReady, "shared memory " + name + " is not initialised yet");
+  if (magic != kMagic || h->nranks != static_cast<uint64_t>(nranks))
     return HVS_ERROR(Code::kMismatch, "shared memory " + name + " was made for another job");
   if (h->attached.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(nranks))
     seg->unlink();
@@ -114,6 +122,8 @@ void Segment::unlink() {
   unlinked_ = true;
   shm_unlink(name_.c_str());  // ENOENT: another rank unlinked it first
 }
+
+void Segment::unlink(const std::string& name) { shm_unlink(name.c_str()); }
 
 int Segment::attached() const {
   return static_cast<int>(reinterpret_cast<Header*>(base_)->attached.load(std::memory_order_acquire));

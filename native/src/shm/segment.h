@@ -4,11 +4,13 @@
 // abort flag, each on its own pair of cache lines so that no two ranks write
 // the same line), then one data slot of `slot_bytes` per local rank.
 //
-// Lifetime: local rank 0 creates the segment under a fresh random name and
-// publishes the name; every other local rank attaches; the attach that makes
-// the count complete unlinks the name, so once everyone is attached nothing
-// is left in /dev/shm even if every process is killed.  The creator unlinks
-// too if its peers never come (Segment::unlink is idempotent).
+// Lifetime: local rank 0 publishes a fresh random name, then creates the
+// segment (so a death at any point leaves nothing that nobody can name);
+// every other local rank attaches (retrying while it does not exist or is not
+// initialised: kNotReady); the attach that makes the count complete unlinks
+// the name, so once everyone is attached nothing is left in /dev/shm even if
+// every process is killed.  The creator, and an attacher that gives up,
+// unlink too (unlink is idempotent).
 #pragma once
 
 #include <atomic>
@@ -40,6 +42,7 @@ class Segment {
 
   // Removes the name from /dev/shm (the mapping stays valid); idempotent.
   void unlink();
+  static void unlink(const std::string& name);
   int attached() const;
 
   const std::string& name() const { return name_; }
