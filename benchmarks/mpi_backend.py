@@ -10,8 +10,9 @@ translation); ours is `Communicator(MpiBackend.from_world()).allreduce(src,
 out=dst)`, the path users take (validation, sequence numbers included).  They
 take turns rep by rep, rotating which goes first, so machine noise hits all
 alike; the time is the median over reps of the mean over `iters` calls.  algbw = bytes / time, busbw =
-algbw * 2(n-1)/n (nccl-tests).  The target: ours within 10% of raw at >= 4 MiB.
-Results also go to benchmarks/results/mpi_backend.json.
+algbw * 2(n-1)/n (nccl-tests); the table is benchmarks/_table.py's, whose
+ratios are busbw a / busbw b.  The target: ours within 10% of raw at >= 4 MiB.
+Results also go to benchmarks/results/mpi_backend-<time>.json.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import time
 import numpy as np
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-sys.path.insert(0, REPO)
+sys.path[:0] = [REPO, os.path.dirname(os.path.abspath(__file__))]
 
 
 def _size(text: str) -> int:
@@ -42,7 +43,7 @@ def _args(argv=None) -> argparse.Namespace:
     p.add_argument("--max", type=_size, default=64 << 20, help="largest buffer, bytes (64M)")
     p.add_argument("--iters", type=int, default=0, help="calls per rep (0: by size)")
     p.add_argument("--reps", type=int, default=9, help="reps per side per size")
-    p.add_argument("--json", default=os.path.join(REPO, "benchmarks", "results", "mpi_backend.json"))
+    p.add_argument("--json", default="", help="path of the JSON (default: benchmarks/results/mpi_backend-<time>.json)")
     return p.parse_args(argv)
 
 
@@ -87,28 +88,8 @@ def _measure(comm, raw, MPI, nbytes: int, args) -> dict:
     # Every rank must report the same number: take the slowest rank's median.
     med = np.array([statistics.median(times[side]) for side in SIDES])
     raw.Allreduce(MPI.IN_PLACE, med, MPI.MAX)
-    row = {"size": nbytes, "count": n, "dtype": "float32", "iters": iters}
-    row.update({f"{side}_s": float(t) for side, t in zip(SIDES, med)})
-    return row
-
-
-def _row(r: dict, size: int) -> str:
-    bus = 2 * (size - 1) / size if size > 1 else 1.0
-    cells = [f"{r['size']:>12}", f"{r['count']:>11}", f"{r['dtype']:>8}"]
-    for side in SIDES:
-        t = r[f"{side}_s"]
-        alg = r["size"] / t / 1e9
-        cells += [f"{t * 1e6:>10.1f}", f"{alg:>7.2f}", f"{alg * bus:>7.2f}"]
-    cells += [f"{r['backend_s'] / r['raw_s']:>8.3f}", f"{r['ours_s'] / r['raw_s']:>8.3f}"]
-    return " ".join(cells)
-
-
-def _header() -> str:
-    group = " ".join(f"{'-- ' + g + ' --':^26}" for g in
-                     ("raw mpi4py Allreduce", "MpiBackend.allreduce", "Communicator+MpiBackend"))
-    names = ["size(B)", "count", "dtype"] + ["time(us)", "algbw", "busbw"] * 3 + ["bk/raw", "ours/raw"]
-    widths = [12, 11, 8] + [10, 7, 7] * 3 + [8, 8]
-    return f"{'':>33} {group}\n" + " ".join(f"{n:>{w}}" for n, w in zip(names, widths))
+    return {"size": nbytes, "count": n, "dtype": "float32", "iters": iters,
+            "results": {side: {"time_us": float(t) * 1e6} for side, t in zip(SIDES, med)}}
 
 
 def _child(args: argparse.Namespace) -> int:
@@ -125,15 +106,20 @@ def _child(args: argparse.Namespace) -> int:
         rows.append(_measure(comm, raw, MPI, nbytes, args))
         nbytes *= 4
     if comm.rank == 0:
-        print(f"# allreduce SUM, {comm.size} ranks, {MPI.Get_library_version().splitlines()[0]}; "
-              "times in us, bandwidths in GB/s; ours/raw < 1.10 is the target at >= 4 MiB")
-        print(_header())
-        for r in rows:
-            print(_row(r, comm.size))
-        os.makedirs(os.path.dirname(args.json), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"benchmark": "mpi_backend", "ranks": comm.size, "rows": rows}, f, indent=1)
-        print(f"# wrote {args.json}")
+        import _table
+
+        _table.complete(rows, "allreduce", comm.size)
+        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        print(_table.format_table(
+            rows, SIDES, ratios=(("backend", "raw"), ("ours", "raw")),
+            title=f"allreduce SUM float32 out of place, {comm.size} ranks, "
+                  f"{MPI.Get_library_version().splitlines()[0].strip()}, load average {load}; "
+                  "target: ours/raw >= 0.91 (within 10%) at >= 4 MiB"))
+        path = args.json or _table.write_json("mpi_backend", {"ranks": comm.size, "rows": rows})
+        if args.json:
+            with open(path, "w") as f:
+                json.dump({"ranks": comm.size, "rows": rows}, f, indent=1)
+        print(f"# wrote {path}")
     comm.close()
     raw.Free()
     return 0
