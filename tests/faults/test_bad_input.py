@@ -1,0 +1,240 @@
+"""Bad input through the public API: each a clear error, raised before any work where it can be.
+
+"Before any work" is checked, not assumed: no rank process starts (the test
+process has no new children), no Spark job is submitted, and in a running
+world a refused op costs no communication (the next good op still pairs up
+across ranks and gives the right answer).
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import psutil
+import pytest
+
+import _fault_kit as kit
+import horovod_spark
+from collectives import ReduceOp
+from collectives.launch import run_local
+from horovod_spark import HorovodRunner
+
+torch = pytest.importorskip("torch")
+
+
+def _no_new_children(before: set) -> bool:
+    return {p.pid for p in psutil.Process().children(recursive=True)} <= before
+
+
+def _children() -> set:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def train(**kwargs):
+    return 1
+
+
+# --------------------------------------------------------------------------- launchers
+
+LAUNCH_ERRORS = [
+    ("run_local, np=0", lambda: run_local(train, 0),
+     ValueError, "np must be a positive"),
+    ("run_local, a non-callable", lambda: run_local(42, 2),
+     TypeError, "needs a callable, got int"),
+    ("run_local, a lock in kwargs", lambda: run_local(
+        train, 2, kwargs={"lock": threading.Lock()}), TypeError, "cannot pickle '_thread.lock'"),
+    ("HorovodRunner, np=0", lambda: HorovodRunner(np=0),
+     ValueError, "np=0 runs no rank"),
+    ("HorovodRunner, np=2.0", lambda: HorovodRunner(np=2.0),
+     TypeError, "np must be an int"),
+    ("HorovodRunner, a non-callable", lambda: HorovodRunner(np=-2).run(42),
+     TypeError, "must be callable, got int"),
+    ("HorovodRunner, a lock in kwargs", lambda: HorovodRunner(np=-2).run(
+        train, lock=threading.Lock()), TypeError, "keyword argument 'lock' is a _thread.lock"),
+    ("run, num_proc=0", lambda: horovod_spark.run(train, num_proc=0),
+     ValueError, "np=0 runs no rank"),
+    ("run, a non-callable", lambda: horovod_spark.run("train", num_proc=-2),
+     TypeError, "must be callable, got str"),
+    ("run, a lock in args", lambda: horovod_spark.run(
+        train, args=(threading.Lock(),), num_proc=-2), TypeError, "argument 0 is a _thread.lock"),
+    ("run, max_restarts=-1", lambda: horovod_spark.run(train, num_proc=-2,
+                                                                       max_restarts=-1),
+     ValueError, "max_restarts must be an int >= 0"),
+    ("run, env a list", lambda: horovod_spark.run(train, num_proc=-2, env=[("a", "b")]),
+     TypeError, "env must be a mapping"),
+]
+
+
+@pytest.mark.parametrize("what,call,error,text", LAUNCH_ERRORS, ids=[c[0] for c in LAUNCH_ERRORS])
+def test_a_launcher_refuses_bad_input_before_any_rank_starts(what, call, error, text):
+    before = _children()
+    with pytest.raises(error, match=text.replace("(", r"\(").replace(")", r"\)")):
+        call()
+    assert _no_new_children(before), f"{what}: a process was started"
+
+
+KWARGS_LIST = ("run(kwargs=[1]) fails inside dict() with \"cannot convert dictionary update "
+               "sequence element #0 to a sequence\", which does not say that kwargs must be a "
+               "mapping (horovod_spark/runner.py run: check isinstance(kwargs, Mapping) like env)")
+
+
+@pytest.mark.xfail(strict=True, reason=KWARGS_LIST)
+def test_kwargs_that_are_not_a_mapping_are_named_in_the_error():
+    with pytest.raises(TypeError, match="kwargs"):
+        horovod_spark.run(train, kwargs=[1], num_proc=-2)
+
+
+@pytest.mark.spark
+def test_on_spark_kwargs_that_do_not_pickle_are_refused_before_any_spark_job(spark):
+    tracker = spark.sparkContext.statusTracker()
+    jobs = set(tracker.getJobIdsForGroup(None))
+    before = _children()
+    with pytest.raises(TypeError, match="keyword argument 'lock' is a _thread.lock"):
+        horovod_spark.run(train, kwargs={"lock": threading.Lock()}, num_proc=2)
+    assert set(tracker.getJobIdsForGroup(None)) == jobs, "a Spark job was submitted"
+    assert _no_new_children(before)
+
+
+# --------------------------------------------------------------------------- tensors, one rank
+
+@pytest.fixture(scope="module")
+def comm():
+    import collectives
+
+    c = collectives.init()
+    yield c
+    c.close()
+
+
+TENSOR_ERRORS = [
+    ("complex numpy", lambda c: c.allreduce(np.ones(3, np.complex64)), TypeError, "unsupported dtype complex64"),
+    ("object numpy", lambda c: c.allreduce(np.array([1, "a"], object)), TypeError, "unsupported dtype object"),
+    ("uint16 numpy", lambda c: c.allreduce(np.ones(3, np.uint16)), TypeError, "unsupported dtype uint16"),
+    ("complex torch", lambda c: c.allreduce(torch.ones(3, dtype=torch.complex64)), TypeError,
+     "unsupported dtype complex64"),
+    ("a string", lambda c: c.allreduce("abc"), TypeError, "unsupported dtype"),
+    ("AVERAGE of ints", lambda c: c.allreduce(np.ones(3, np.int32), op=ReduceOp.AVERAGE), TypeError,
+     "AVERAGE needs a floating dtype"),
+    ("an unknown op", lambda c: c.allreduce(np.ones(3, np.float32), op=99), ValueError,
+     "not a valid ReduceOp"),
+    ("a root outside the world", lambda c: c.broadcast(np.ones(3, np.float32), root=5), ValueError,
+     r"root must be a rank in \[0, 1\)"),
+    ("an out of another dtype", lambda c: c.allreduce(np.ones(3, np.float32), out=np.ones(3)),
+     ValueError, "output float64"),
+    ("a non-contiguous numpy out", lambda c: c.allreduce(
+        np.ones(4, np.float32), out=np.ones((4, 2), np.float32)[:, 0]), ValueError, "not C-contiguous"),
+    ("a non-contiguous torch broadcast", lambda c: c.broadcast(torch.ones(4, 4).t()), ValueError,
+     r"not contiguous .* call .contiguous\(\)"),
+    ("a read-only broadcast", lambda c: c.broadcast(np.frombuffer(b"\0" * 16, np.float32)),
+     ValueError, "read-only"),
+    ("alltoall splits that do not sum", lambda c: c.alltoall(np.ones(4, np.float32), splits=[3]),
+     ValueError, "must be 1 non-negative numbers that sum to the first dimension 4"),
+]
+
+
+@pytest.mark.parametrize("what,call,error,text", TENSOR_ERRORS, ids=[c[0] for c in TENSOR_ERRORS])
+def test_a_bad_tensor_is_refused_at_the_call(comm, what, call, error, text):
+    with pytest.raises(error, match=text):
+        call(comm)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: np.arange(32, dtype=np.float32).reshape(4, 8)[:, ::2],
+    lambda: torch.arange(32, dtype=torch.float32).reshape(4, 8).t(),
+], ids=["numpy", "torch"])
+def test_a_non_contiguous_input_is_reduced_correctly_when_nothing_writes_into_it(comm, make):
+    x = make()
+    out = comm.allreduce(x)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(x))
+    assert type(out) is type(x) and tuple(out.shape) == tuple(x.shape)
+
+
+def test_hvd_refuses_bad_tensors_in_the_callers_thread():
+    import horovod_spark.torch as hvd
+
+    hvd.init()
+    try:
+        with pytest.raises(TypeError, match="unsupported dtype complex64"):
+            hvd.allreduce_async(torch.ones(3, dtype=torch.complex64), name="c")
+        h = hvd.allreduce_async(torch.ones(3), name="dup")
+        with pytest.raises(ValueError, match="'.*dup' .*already pending"):
+            hvd.allreduce_async(torch.ones(3), name="dup")
+        assert torch.equal(hvd.synchronize(h), torch.ones(3))
+        with pytest.raises(TypeError, match="handle"):
+            hvd.synchronize(torch.ones(3))
+    finally:
+        hvd.shutdown()
+
+
+# --------------------------------------------------------------------------- across ranks
+
+def _refused_then_paired(size):
+    """Rank 0 passes a bad tensor; then every rank allreduces: nothing went on the wire."""
+    import collectives
+
+    comm = collectives.init()
+    refused = None
+    if comm.rank == 0:
+        try:
+            comm.allreduce(np.ones(3, np.complex64))
+        except TypeError as exc:
+            refused = str(exc)
+    out = comm.allreduce(np.full(5, comm.rank + 1.0, np.float32))
+    return refused, out.tolist()
+
+
+def test_a_refused_op_costs_no_communication_the_next_op_still_pairs_up():
+    results = run_local(_refused_then_paired, 3, args=(3,), timeout=60)
+    assert results[0][0] and "complex64" in results[0][0]
+    assert [r[1] for r in results] == [[6.0] * 5] * 3
+
+
+def _hvd_mismatch(kind):
+    import horovod_spark.torch as hvd
+
+    hvd.init()
+    n = 10 if hvd.rank() == 0 else 12
+    t = torch.ones(n) if kind == "shape" else torch.ones(10, dtype=torch.float32 if hvd.rank() == 0
+                                                         else torch.float64)
+    try:
+        hvd.allreduce(t, name="grad.w")
+    except hvd.MismatchError as exc:
+        return str(exc)
+    return "no error"
+
+
+@pytest.mark.parametrize("kind", ["shape", "dtype"])
+def test_hvd_names_a_tensor_whose_shape_or_dtype_differs_across_ranks_on_every_rank(kind):
+    messages = run_local(_hvd_mismatch, 2, args=(kind,), timeout=60)
+    for m in messages:
+        assert "grad.w" in m and "rank" in m, messages
+    want = ("10", "12") if kind == "shape" else ("float32", "float64")
+    assert all(w in messages[0] for w in want), messages
+
+
+def _plain_mismatch(transport):
+    import collectives
+
+    comm = collectives.init()
+    n = 10 if comm.rank == 0 else 12
+    try:
+        return "no error: " + str(comm.allreduce(np.ones(n, np.float32)).tolist())
+    except collectives.MismatchError as exc:
+        return str(exc)
+
+
+PLAIN_MISMATCH = ("Communicator.allreduce with counts that differ across ranks is not detected: "
+                  "through shared memory each rank silently gets a wrong sum (the shorter rank "
+                  "stops early), on TCP the longer rank fails with a PeerLostError 'connection "
+                  "reset' and the shorter one succeeds (collectives/backends/native.py + native/; "
+                  "fix: carry (op, dtype, count) in the first shared-memory slot header / the "
+                  "first TCP item of each op and fail with kMismatch naming both ranks' values)")
+
+
+@pytest.mark.xfail(strict=True, reason=PLAIN_MISMATCH)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_plain_allreduce_whose_count_differs_across_ranks_fails_on_every_rank(fault, transport):
+    out = kit.run_local_job(_plain_mismatch, 2, args=(transport,),
+                            env=fault.env(tcp=transport == "tcp"), outdir=fault.outdir)
+    assert out.error is None, out.error
+    assert all("10" in m and "12" in m for m in out.value), out.value
