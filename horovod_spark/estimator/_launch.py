@@ -11,8 +11,10 @@ output, failure records), its task machinery inside our task body
 cleanup; the stage itself is ``prepared_df.mapInArrow(task_body, barrier=True)``.
 
 The prepared DataFrame is repartitioned to ``num_proc`` only when it has another
-number of partitions.  If its own partitions leave a rank with no rows, the fit
-is retried once after a repartition (round-robin, so every rank gets rows).
+number of partitions.  If its own partitions leave a rank with no rows, or Spark
+refuses a barrier stage over them (partitions made by a union or a coalesce in
+the same stage), the fit runs once more after a repartition (round-robin, so
+every rank gets rows, and the stage starts from the shuffle).
 """
 from __future__ import annotations
 
@@ -24,24 +26,28 @@ from typing import Any, Dict, Optional
 from horovod_spark.estimator._barrier import EMPTY, OK, PROBLEM, RESULT_SCHEMA, task_body
 from horovod_spark.estimator._job import BarrierJob
 
-__all__ = ["run_fit", "FitFailed"]
+__all__ = ["run_fit"]
 
-
-class FitFailed(RuntimeError):
-    """The data can't be trained on; raised before any training step ran."""
+# Spark refuses a barrier stage whose partitions come from a union, coalesce, ...
+_CHAIN = "BarrierJobUnsupportedRDDChainException"
 
 
 def run_fit(spark, prepared_df, num_proc: int, job: BarrierJob, verbose: int = 1
             ) -> Dict[str, Any]:
     """Rank 0's result of the fit: {"model": bytes, "history": ..., "timings": ...}."""
-    df = prepared_df
-    repartitioned = df.rdd.getNumPartitions() != num_proc
-    if repartitioned:
-        df = df.repartition(num_proc)
-    status, payload = _stage(spark, df, num_proc, job, verbose)
-    if status == EMPTY and not repartitioned:
+    as_is = prepared_df.rdd.getNumPartitions() == num_proc
+    df = prepared_df if as_is else prepared_df.repartition(num_proc)
+    try:
+        status, payload = _stage(spark, df, num_proc, job, verbose)
+    except Exception as exc:
+        if not (as_is and _CHAIN in str(exc)):
+            raise
+        status, payload = EMPTY, "its partitions come from a union or coalesce, which a " \
+                                 "barrier stage can't start from"
+    if status == EMPTY and as_is:
         if verbose:
-            print(f"horovod_spark: {payload}; repartitioning to {num_proc}", flush=True)
+            print(f"horovod_spark: the DataFrame's {num_proc} partitions can't be the ranks' "
+                  f"shards as they are: {payload}; repartitioning", flush=True)
         status, payload = _stage(spark, prepared_df.repartition(num_proc), num_proc, job, verbose)
     if status != OK:
         hint = "" if status == PROBLEM else \
