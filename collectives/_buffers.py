@@ -15,12 +15,12 @@ import numpy as np
 
 from .types import DType, dtype_of_numpy, numpy_of_dtype
 
-__all__ = ["Buf", "as_buf", "scale_", "describe_tensor", "is_cuda"]
+__all__ = ["Buf", "as_buf", "empty_for", "scale_", "describe_tensor", "is_cuda"]
 
 
 @dataclasses.dataclass
 class Buf:
-    flat: np.ndarray       # 1-D, C-contiguous view of the caller's memory
+    flat: Any              # 1-D, C-contiguous view of the caller's memory (device array for CUDA)
     dtype: DType
     shape: tuple
     wrap: Callable[[np.ndarray], Any]
@@ -67,8 +67,10 @@ def _torch_buf(x, writable: bool, what: str) -> Buf:
 def as_buf(x, *, writable: bool = False, what: str = "tensor") -> Buf:
     """Flat view of x.  writable: the op writes into x, so no hidden copy is allowed."""
     if is_cuda(x):
-        shape = tuple(x.shape)
-        return Buf(None, _cuda_dtype(x), shape, lambda a: a, "cuda", x)
+        if writable and not _cuda_contiguous(x):
+            raise ValueError(f"{what}: the CUDA tensor is not contiguous and the op writes into it; "
+                             "call .contiguous() first")
+        return Buf(_cuda_flat(x), _cuda_dtype(x), tuple(x.shape), lambda a: a, "cuda", x)
     if _is_torch(x):
         return _torch_buf(x, writable, what)
     if not isinstance(x, np.ndarray):
@@ -84,6 +86,33 @@ def as_buf(x, *, writable: bool = False, what: str = "tensor") -> Buf:
         raise ValueError(f"{what}: the array is read-only and the op writes into it")
     dt = dtype_of_numpy(x.dtype)
     return Buf(x.reshape(-1), dt, x.shape, lambda a: a, "numpy", x)
+
+
+def _cuda_contiguous(x) -> bool:
+    if _is_torch(x):
+        return x.is_contiguous()
+    return bool(x.flags.c_contiguous)
+
+
+def _cuda_flat(x):
+    """A flat view of a CUDA tensor (a contiguous copy only when x is not contiguous)."""
+    if _is_torch(x):
+        return x.detach().contiguous().view(-1)
+    from ._gpu import import_cupy_nccl
+
+    cupy, _ = import_cupy_nccl()  # NotSupported with the install hint when CuPy is missing
+    return cupy.ascontiguousarray(x).ravel()
+
+
+def empty_for(buf: Buf, n: int):
+    """A new flat buffer of n elements of buf's dtype, on buf's device."""
+    if buf.kind != "cuda":
+        return np.empty(n, dtype=numpy_of_dtype(buf.dtype))
+    if _is_torch(buf.flat):
+        return buf.flat.new_empty(n)
+    import cupy
+
+    return cupy.empty(n, dtype=buf.flat.dtype)
 
 
 def _cuda_dtype(x) -> DType:
@@ -110,9 +139,17 @@ def _f32_to_bf16(f32: np.ndarray) -> np.ndarray:
     return out
 
 
-def scale_(flat: np.ndarray, dtype: DType, factor: float) -> None:
+def scale_(flat, dtype: DType, factor: float) -> None:
     """flat *= factor in place, in the buffer's own precision (bf16 via float32)."""
-    if factor == 1.0 or flat.size == 0:
+    if factor == 1.0:
+        return
+    if not isinstance(flat, np.ndarray):  # a CUDA tensor or CuPy array: scale on the device
+        if hasattr(flat, "mul_"):
+            flat.mul_(factor)
+        else:
+            flat *= factor
+        return
+    if flat.size == 0:
         return
     if dtype == DType.BFLOAT16:
         flat[...] = _f32_to_bf16(_bf16_to_f32(flat) * np.float32(factor))
@@ -126,5 +163,3 @@ def describe_tensor(name: str | None, buf: Buf) -> str:
     return f"{label}{buf.dtype.name.lower()}[{dims}]"
 
 
-def empty_like_storage(dtype: DType, n: int) -> np.ndarray:
-    return np.empty(n, dtype=numpy_of_dtype(dtype))

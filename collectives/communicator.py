@@ -10,6 +10,7 @@ every later op raises at once with the original cause, never hangs.
 from __future__ import annotations
 
 import concurrent.futures
+import math
 import threading
 from typing import Optional, Sequence
 
@@ -113,7 +114,8 @@ class Communicator:
         if self._gpu is None:
             from .backends.nccl import NcclBackend
 
-            self._gpu = NcclBackend.create(self._store, self.backend.topology, self._prefix, self.config)
+            self._gpu = NcclBackend.create(self._store, self.backend.topology, self._prefix,
+                                           self.config, device=_device_of(buf.source))
         return self._gpu
 
     @staticmethod
@@ -127,6 +129,10 @@ class Communicator:
             raise TypeError(f"{what}: prescale/postscale need a floating dtype, got {dtype.name.lower()}")
 
     # -- ops ---------------------------------------------------------------
+    def _stream(self, backend, buf: B.Buf) -> dict:
+        """CUDA ops capture the caller's current stream on the caller's thread."""
+        return {"stream": backend.stream_of(buf.source)} if buf.kind == "cuda" else {}
+
     def allreduce(self, x, out=None, op: ReduceOp = ReduceOp.SUM, prescale: float = 1.0,
                   postscale: float = 1.0, async_op: bool = False, name: Optional[str] = None):
         """Reduce x over ranks; out=x reduces in place.  Returns the result."""
@@ -135,34 +141,34 @@ class Communicator:
         self._check_scaling(op, src.dtype, prescale, postscale, "allreduce")
         if op == ReduceOp.AVERAGE:
             op, postscale = ReduceOp.SUM, postscale / self.size
-        dst = src if out is x else self._out_buf(out, src, "allreduce")
         backend = self._backend_for(src)
+        dst = src if out is x else self._out_buf(out, src, "allreduce")
+        kw = self._stream(backend, src)
 
         def run():
             if src.kind == "cuda":
-                return backend.allreduce_tensor(src.source, dst.source, src.dtype, op, prescale, postscale)
-            if prescale != 1.0:
+                backend.allreduce_tensor(src.flat, dst.flat, src.dtype, op, prescale, postscale, **kw)
+            elif prescale != 1.0:
                 if dst.flat is not src.flat:
                     np.copyto(dst.flat, src.flat)
                 B.scale_(dst.flat, src.dtype, prescale)
                 backend.allreduce(dst.flat, dst.flat, src.dtype, op)
             else:
                 backend.allreduce(src.flat, dst.flat, src.dtype, op)
-            B.scale_(dst.flat, src.dtype, postscale)
+            if src.kind != "cuda":
+                B.scale_(dst.flat, src.dtype, postscale)
             return dst.source if dst.source is not None else dst.wrap(dst.flat.reshape(src.shape))
 
         return self._run("allreduce", B.describe_tensor(name, src), run, async_op)
 
     def _out_buf(self, out, src: B.Buf, what: str) -> B.Buf:
         if out is None:
-            if src.kind == "cuda":
-                return B.Buf(None, src.dtype, src.shape, src.wrap, "cuda", _empty_like(src.source))
-            flat = B.empty_like_storage(src.dtype, src.flat.size)
-            return B.Buf(flat, src.dtype, src.shape, src.wrap, src.kind, None)
+            return B.Buf(B.empty_for(src, _numel(src.shape)), src.dtype, src.shape, src.wrap,
+                         src.kind, None)
         dst = B.as_buf(out, writable=True, what=f"{what} output")
-        if dst.dtype != src.dtype or int(np.prod(dst.shape)) != int(np.prod(src.shape)):
-            raise ValueError(f"{what}: output {B.describe_tensor(None, dst)} does not match "
-                             f"input {B.describe_tensor(None, src)}")
+        if dst.dtype != src.dtype or _numel(dst.shape) != _numel(src.shape) or dst.kind != src.kind:
+            raise ValueError(f"{what}: output {B.describe_tensor(None, dst)} ({dst.kind}) does not "
+                             f"match input {B.describe_tensor(None, src)} ({src.kind})")
         return dst
 
     def _gather_meta(self, src: B.Buf, what: str) -> np.ndarray:
@@ -187,13 +193,14 @@ class Communicator:
         """Concatenate every rank's x along dim 0 (first dims may differ)."""
         src = B.as_buf(x, what="allgather input")
         shape = src.shape if src.shape else (1,)
-        row = int(np.prod(shape[1:], dtype=np.int64))
+        row = _numel(shape[1:])
+        backend = self._backend_for(src)
+        kw = self._stream(backend, src)
 
         def run():
-            allmeta = self._gather_meta(src, "allgather")
-            rows = [int(m[0]) for m in allmeta]
-            dst = B.empty_like_storage(src.dtype, sum(rows) * row)
-            self.backend.allgather(src.flat, dst, src.dtype, [r * row for r in rows])
+            rows = [int(m[0]) for m in self._gather_meta(src, "allgather")]
+            dst = B.empty_for(src, sum(rows) * row)
+            backend.allgather(src.flat, dst, src.dtype, [r * row for r in rows], **kw)
             return src.wrap(dst.reshape((sum(rows),) + tuple(shape[1:])))
 
         return self._run("allgather", B.describe_tensor(name, src), run, async_op)
@@ -203,12 +210,10 @@ class Communicator:
         self._check_root(root, "broadcast")
         buf = B.as_buf(x, writable=True, what="broadcast buffer")
         backend = self._backend_for(buf)
+        kw = self._stream(backend, buf)
 
         def run():
-            if buf.kind == "cuda":
-                backend.broadcast_tensor(buf.source, buf.dtype, root)
-            else:
-                backend.broadcast(buf.flat, buf.dtype, root)
+            backend.broadcast(buf.flat, buf.dtype, root, **kw)
             return x
 
         return self._run("broadcast", B.describe_tensor(name, buf), run, async_op)
@@ -234,14 +239,16 @@ class Communicator:
         src = B.as_buf(x, what="reducescatter input")
         self._check_scaling(op, src.dtype, 1.0, 1.0, "reducescatter")
         shape = src.shape if src.shape else (1,)
-        row = int(np.prod(shape[1:], dtype=np.int64))
+        row = _numel(shape[1:])
         rows = self._rows_split(shape[0], counts, "reducescatter")
         post = 1.0 / self.size if op == ReduceOp.AVERAGE else 1.0
         rop = ReduceOp.SUM if op == ReduceOp.AVERAGE else op
+        backend = self._backend_for(src)
+        kw = self._stream(backend, src)
 
         def run():
-            dst = B.empty_like_storage(src.dtype, rows[self.rank] * row)
-            self.backend.reducescatter(src.flat, dst, src.dtype, rop, [r * row for r in rows])
+            dst = B.empty_for(src, rows[self.rank] * row)
+            backend.reducescatter(src.flat, dst, src.dtype, rop, [r * row for r in rows], **kw)
             B.scale_(dst, src.dtype, post)
             return src.wrap(dst.reshape((rows[self.rank],) + tuple(shape[1:])))
 
@@ -252,20 +259,23 @@ class Communicator:
         """Send rows splits[j] to rank j; returns (received rows, received splits)."""
         src = B.as_buf(x, what="alltoall input")
         shape = src.shape if src.shape else (1,)
-        row = int(np.prod(shape[1:], dtype=np.int64))
+        row = _numel(shape[1:])
         if splits is None and shape[0] % self.size:
             raise ValueError(f"alltoall: first dimension {shape[0]} is not divisible by size "
                              f"{self.size}; pass splits")
         send = self._rows_split(shape[0], splits, "alltoall")
+        backend = self._backend_for(src)
+        kw = self._stream(backend, src)
 
         def run():
             recv = np.empty(self.size, np.int64)
             ones = [1] * self.size
             self.backend.alltoall(np.asarray(send, np.int64), ones, recv, ones, DType.INT64)
-            dst = B.empty_like_storage(src.dtype, int(recv.sum()) * row)
-            self.backend.alltoall(src.flat, [s * row for s in send], dst,
-                                  [int(r) * row for r in recv], src.dtype)
-            return src.wrap(dst.reshape((int(recv.sum()),) + tuple(shape[1:]))), recv
+            total = int(recv.sum())
+            dst = B.empty_for(src, total * row)
+            backend.alltoall(src.flat, [s * row for s in send], dst, [int(r) * row for r in recv],
+                             src.dtype, **kw)
+            return src.wrap(dst.reshape((total,) + tuple(shape[1:]))), recv
 
         return self._run("alltoall", B.describe_tensor(name, src), run, async_op)
 
@@ -288,9 +298,13 @@ class Communicator:
         self.close()
 
 
-def _empty_like(x):
-    if hasattr(x, "new_empty"):
-        return x.new_empty(x.shape)
-    import cupy
+def _device_of(x) -> Optional[int]:
+    dev = getattr(x, "device", None)
+    index = getattr(dev, "index", None)  # torch.device
+    if index is not None:
+        return int(index)
+    return getattr(dev, "id", None)      # cupy.cuda.Device
 
-    return cupy.empty_like(x)
+
+def _numel(shape) -> int:
+    return math.prod(int(d) for d in shape)

@@ -52,18 +52,21 @@ def test_wrong_secret_is_refused_and_the_store_keeps_serving(server):
     assert server.rejected >= 1
 
 
-@pytest.mark.parametrize("garbage", [b"", b"GET / HTTP/1.1\r\n\r\n", os.urandom(200), b"HVS1" + b"\0" * 64])
+@pytest.mark.parametrize("garbage", [b"", b"GET / HTTP/1.1\r\n\r\n", os.urandom(200), b"HVS1" + b"\0" * 64],
+                         ids=["nothing", "http", "random", "zero-mac"])
 def test_garbage_handshake_is_dropped_without_harm(server, garbage):
     host, port = server.address.split(":")
+    received = b""
     with socket.create_connection((host, int(port))) as s:
         s.sendall(garbage)
         s.shutdown(socket.SHUT_WR)  # a short garbage reply ends; the server must not wait on it
         s.settimeout(5)
         try:
-            s.recv(36)  # the server's hello
-            assert s.recv(100) == b""  # then it hangs up
+            while chunk := s.recv(100):
+                received += chunk
         except ConnectionResetError:
             pass
+    assert len(received) <= 36  # the server's hello and nothing else: it hung up
     c = TCPStore.connect(server.address, SECRET)
     c.set("still", b"alive")
     assert server.get("still") == b"alive"
