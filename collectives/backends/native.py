@@ -59,7 +59,6 @@ class NativeBackend(Backend):
         self._ctx = None
         self._mesh = mesh
         self._config = config
-        self._seq = 0
         tune = {**TUNING, **(tuning or {})}
         topo = mesh.topology
         order = topo.host_order
@@ -153,38 +152,34 @@ class NativeBackend(Backend):
         return describe(what, rank=self.rank, size=self.size, op=op,
                         address=self._mesh.addresses[peer] if peer is not None else None, **kw)
 
-    def _next(self) -> int:
+    def _native(self):
         if self._ctx is None:
             raise PeerLostError(self._msg("the native backend is closed", "collective"))
-        self._seq += 1
-        return self._seq
+        return self._ctx
 
     # -- collectives -------------------------------------------------------
+    # Errors carry what went wrong, the peer, its address and the timeout; the
+    # Communicator puts the op, its sequence number, the tensor and this rank
+    # in front.
     def allreduce(self, src, dst, dtype: DType, op: ReduceOp) -> None:
-        seq = self._next()
-        self._ctx.allreduce(src, dst, int(dtype), int(op), seq)
+        self._native().allreduce(src, dst, int(dtype), int(op))
 
     def allgather(self, src, dst, dtype: DType, counts: Sequence[int]) -> None:
-        seq = self._next()
-        self._ctx.allgather(src, dst, int(dtype), [int(c) for c in counts], seq)
+        self._native().allgather(src, dst, int(dtype), [int(c) for c in counts])
 
     def broadcast(self, buf, dtype: DType, root: int) -> None:
-        seq = self._next()
-        self._ctx.broadcast(buf, int(dtype), int(root), seq)
+        self._native().broadcast(buf, int(dtype), int(root))
 
     def reducescatter(self, src, dst, dtype: DType, op: ReduceOp, counts: Sequence[int]) -> None:
-        seq = self._next()
-        self._ctx.reducescatter(src, dst, int(dtype), int(op), [int(c) for c in counts], seq)
+        self._native().reducescatter(src, dst, int(dtype), int(op), [int(c) for c in counts])
 
     def alltoall(self, src, send_counts: Sequence[int], dst, recv_counts: Sequence[int],
                  dtype: DType) -> None:
-        seq = self._next()
-        self._ctx.alltoall(src, [int(c) for c in send_counts], dst, [int(c) for c in recv_counts],
-                           int(dtype), seq)
+        self._native().alltoall(src, [int(c) for c in send_counts], dst,
+                                [int(c) for c in recv_counts], int(dtype))
 
     def barrier(self) -> None:
-        seq = self._next()
-        self._ctx.barrier(seq)
+        self._native().barrier()
 
     def close(self) -> None:
         self._ctx = None

@@ -45,9 +45,13 @@ const char* exception_name(Code code) {
   py::object address = none;
   if (peer >= 0 && w.addresses && peer < static_cast<int>(w.addresses->size()))
     address = py::str((*w.addresses)[peer]);
+  // Without a sequence number the caller (the Communicator) puts op, seq,
+  // tensor and rank in front of the message; with one, the message has them.
+  bool full = seq >= 0 || std::string(op) == "shared memory setup";
   std::string msg = py::str(errors.attr("describe")(
-      st.what(), "rank"_a = w.rank >= 0 ? py::object(py::int_(w.rank)) : none,
-      "size"_a = w.size >= 0 ? py::object(py::int_(w.size)) : none, "op"_a = op,
+      st.what(), "rank"_a = full && w.rank >= 0 ? py::object(py::int_(w.rank)) : none,
+      "size"_a = full && w.size >= 0 ? py::object(py::int_(w.size)) : none,
+      "op"_a = full ? py::object(py::str(op)) : none,
       "seq"_a = seq >= 0 ? py::object(py::int_(seq)) : none,
       "peer"_a = peer >= 0 ? py::object(py::int_(peer)) : none, "address"_a = address,
       "timeout"_a = st.code() == Code::kTimeout ? py::object(py::float_(w.timeout)) : none,

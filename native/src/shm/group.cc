@@ -140,13 +140,21 @@ Status ShmGroup::wait_slow(int local, uint64_t target) {
   }
 }
 
-// Dead processes first: a peer that gave up because of a dead one is not the news.
+// The root cause first: a peer that died without giving up on an op (a rank
+// that failed and exited marked itself aborted first), then any dead peer,
+// then a live peer that gave up.
 Status ShmGroup::check_peers() const {
-  for (int j = 0; j < size(); ++j)
-    if (j != me_ && !process_alive(pids_[j]))
-      return HVS_ERROR(Code::kPeerLost,
-                       "local peer process " + std::to_string(pids_[j]) + " has exited", world_[j])
-          .with_hint("see that rank's output for its error");
+  int dead = -1;
+  for (int j = 0; j < size(); ++j) {
+    if (j == me_ || process_alive(pids_[j])) continue;
+    bool gave_up = seg_->control(j).aborted.load(std::memory_order_acquire) != 0;
+    if (dead < 0 || !gave_up) dead = j;
+    if (!gave_up) break;
+  }
+  if (dead >= 0)
+    return HVS_ERROR(Code::kPeerLost,
+                     "local peer process " + std::to_string(pids_[dead]) + " has exited", world_[dead])
+        .with_hint("see that rank's output for its error");
   for (int j = 0; j < size(); ++j)
     if (j != me_ && seg_->control(j).aborted.load(std::memory_order_acquire))
       return HVS_ERROR(Code::kPeerLost, "local peer gave up on the collective after an error",

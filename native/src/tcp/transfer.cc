@@ -33,7 +33,8 @@ Status send_some(const Link& to, const std::vector<SendItem>& items, Stream& s, 
       if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK) return Status();
         if (errno == EINTR) continue;
-        return HVS_ERROR(Code::kPeerLost, std::string("send failed: ") + std::strerror(errno), to.peer);
+        return HVS_ERROR(Code::kPeerLost, std::string("send failed: ") + std::strerror(errno), to.peer)
+            .with_hint("did that process exit or fail?");
       }
       s.done += static_cast<size_t>(n);
       *moved += static_cast<size_t>(n);
@@ -59,7 +60,8 @@ Status recv_some(const Link& from, const std::vector<RecvItem>& items, Stream& s
       if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK) return Status();
         if (errno == EINTR) continue;
-        return HVS_ERROR(Code::kPeerLost, std::string("recv failed: ") + std::strerror(errno), from.peer);
+        return HVS_ERROR(Code::kPeerLost, std::string("recv failed: ") + std::strerror(errno), from.peer)
+            .with_hint("did that process exit or fail?");
       }
       s.done += static_cast<size_t>(n);
       *moved += static_cast<size_t>(n);
