@@ -13,7 +13,7 @@ Terms.  A *submission* is one call of `submit` (any thread); it becomes a
    mismatches are decided identically on every rank; agreed signatures enter
    the response cache (cache.py), so the next time they cost one bit;
 4. *execute* the agreed ops in one deterministic order (executor.py);
-5. finish joins, report stalls, stop on shutdown.
+5. finish joins, report stalls (stall.py), stop on shutdown.
 
 A rank that holds no pending work sleeps until a local submission (or a
 heartbeat of IDLE_S, so that stall reports and shutdowns still get through),
@@ -37,6 +37,7 @@ from .cache import ResponseCache
 from .executor import Executor
 from .handle import Handle
 from .request import Request, Signature, make_request
+from .stall import StallWatch
 from .table import MessageTable
 from .timeline import Timeline
 
@@ -78,7 +79,7 @@ class FusionEngine:
         self._mark_cycles = False
         self._stopped: Optional[tuple] = None  # (error class, text, cause)
         self._cycle_no, self._cycle_start = 0, time.perf_counter()
-        self._next_stall_probe = self._last_stall_report = time.perf_counter()
+        self._stall = StallWatch(comm, self._config, self.rank, self.size)
         self._thread = threading.Thread(target=self._run, name=f"fusion-engine-r{self.rank}",
                                         daemon=True)
         self._thread.start()
@@ -234,7 +235,7 @@ class FusionEngine:
             self._done(req, None, err)
         self._after_join(res)
         if res.stall:
-            self._stall_report(res)
+            self._stall.report(self._pending, res.joined, self._table, self._done)
         if res.shutdown:
             self._stop(CollectiveError, f"the fusion engine was shut down by rank(s) "
                        f"{list(res.shutdown)}", None)
@@ -250,7 +251,7 @@ class FusionEngine:
                 self._pending[item.name] = item
 
     def _vector(self):
-        vec = self._layout.vector(self.rank, len(self._cache), stall=self._stall_due(),
+        vec = self._layout.vector(self.rank, len(self._cache), stall=self._stall.due(self._pending),
                                   joined=self._joined, shutdown=self._shutdown_requested, announce=0)
         base, new = self._layout.bits, []
         for req in self._pending.values():
@@ -327,48 +328,6 @@ class FusionEngine:
         self._joined, self._join_first = False, {}
         for handle in handles:
             handle._finish(last)
-
-    # -- stalls ----------------------------------------------------------------
-    def _stall_due(self) -> bool:
-        limit = self._config.stall_check_time
-        if limit <= 0 or not self._pending:
-            return False
-        now = time.perf_counter()
-        if now < self._next_stall_probe:
-            return False
-        self._next_stall_probe = now + min(1.0, limit / 2)
-        oldest = min(req.t_submit for req in self._pending.values())
-        return now - oldest >= limit and now - self._last_stall_report >= limit
-
-    def _stall_report(self, res: C.CycleResult) -> None:
-        now = self._last_stall_report = time.perf_counter()
-        mine = [[req.name, req.sig.tensor(), req.sig.kind, now - req.t_submit]
-                for req in self._pending.values()]
-        holders: Dict[str, dict] = {}
-        for r, items in enumerate(C.gather_json(self._comm, mine, "fusion.stall")):
-            for name, tensor, kind, age in items:
-                holders.setdefault(name, {})[r] = (tensor, kind, age)
-        for name, by_rank in holders.items():
-            age = max(v[2] for v in by_rank.values())
-            missing = [r for r in range(self.size) if r not in by_rank and not res.joined[r]]
-            if missing and age >= self._config.stall_check_time:
-                self._stalled(name, by_rank, missing, age)
-
-    def _stalled(self, name: str, by_rank: dict, missing: list, age: float) -> None:
-        tensor, kind, _ = next(iter(by_rank.values()))
-        text = (f"stalled for {age:.1f} s: submitted by ranks {sorted(by_rank)}, "
-                f"not yet by ranks {missing}")
-        hint = ("a rank skipped this op or runs fewer steps; hvd.join() ends uneven loops")
-        if self.rank in by_rank:
-            log.warning(describe(text, rank=self.rank, size=self.size, op=kind, tensor=tensor, hint=hint))
-        limit = self._config.stall_shutdown_time
-        if limit > 0 and age >= limit:
-            self._table.drop(name)
-            req = self._pending.pop(name, None)
-            if req is not None:
-                self._done(req, None, CollectiveTimeout(describe(
-                    text, rank=self.rank, size=self.size, op=kind, tensor=tensor,
-                    timeout=limit, hint="HOROVOD_STALL_SHUTDOWN_TIME_SECONDS was reached")))
 
     # -- stopping --------------------------------------------------------------
     def _stop(self, cls, text: str, cause: Optional[BaseException]) -> None:

@@ -7,7 +7,6 @@ with a small fusion threshold, so fused buffers are cut.
 """
 from __future__ import annotations
 
-import os
 
 import pytest
 

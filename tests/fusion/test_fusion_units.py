@@ -5,7 +5,6 @@ inputs; here they run in one process, fed what the ranks would exchange.
 """
 from __future__ import annotations
 
-import numpy as np
 
 from collectives.fusion import coordinator as C
 from collectives.fusion.cache import ResponseCache

@@ -9,9 +9,7 @@ failure text}.
 """
 from __future__ import annotations
 
-import copy
 import json
-import os
 import traceback
 import warnings
 

@@ -1,0 +1,74 @@
+"""Stall inspection: tensors that some ranks submitted and others have not, for too long.
+
+Each rank probes its own pending table at most every half stall-check time;
+a rank whose oldest request is older than `stall_check_time` (and that has
+not seen a report for that long) raises the stall flag of the coordination
+vector.  Then every rank, in the same cycle, gathers every rank's pending
+names with their ages, and each rank that holds a stalled tensor logs a
+warning naming it and the ranks that have not submitted it.  Past
+`stall_shutdown_time` (when > 0) the tensor fails on the ranks that hold it
+with CollectiveTimeout, and every rank drops it: the decision uses the
+largest age over ranks, so every rank takes it alike.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Dict
+
+from ..errors import CollectiveTimeout, describe
+from . import coordinator as C
+
+__all__ = ["StallWatch"]
+
+log = logging.getLogger("collectives.fusion")
+_HINT = "a rank skipped this op or runs fewer steps; hvd.join() ends uneven loops"
+
+
+class StallWatch:
+    def __init__(self, comm, config, rank: int, size: int) -> None:
+        self._comm, self._config, self.rank, self.size = comm, config, rank, size
+        self._next_probe = self._last_report = time.perf_counter()
+
+    def due(self, pending: dict) -> bool:
+        """Whether this rank should raise the stall flag this cycle."""
+        limit = self._config.stall_check_time
+        if limit <= 0 or not pending:
+            return False
+        now = time.perf_counter()
+        if now < self._next_probe:
+            return False
+        self._next_probe = now + min(1.0, limit / 2)
+        oldest = min(req.t_submit for req in pending.values())
+        return now - oldest >= limit and now - self._last_report >= limit
+
+    def report(self, pending: dict, joined: tuple, table, done: Callable) -> None:
+        """Collective: every rank calls it in the cycle whose vector had the stall flag."""
+        now = self._last_report = time.perf_counter()
+        mine = [[req.name, req.sig.tensor(), req.sig.kind, now - req.t_submit]
+                for req in pending.values()]
+        holders: Dict[str, dict] = {}
+        for r, items in enumerate(C.gather_json(self._comm, mine, "fusion.stall")):
+            for name, tensor, kind, age in items:
+                holders.setdefault(name, {})[r] = (tensor, kind, age)
+        for name, by_rank in holders.items():
+            age = max(v[2] for v in by_rank.values())
+            missing = [r for r in range(self.size) if r not in by_rank and not joined[r]]
+            if missing and age >= self._config.stall_check_time:
+                self._stalled(name, by_rank, missing, age, pending, table, done)
+
+    def _stalled(self, name, by_rank, missing, age, pending, table, done) -> None:
+        tensor, kind, _ = next(iter(by_rank.values()))
+        text = (f"stalled for {age:.1f} s: submitted by ranks {sorted(by_rank)}, "
+                f"not yet by ranks {missing}")
+        where = dict(rank=self.rank, size=self.size, op=kind, tensor=tensor)
+        if self.rank in by_rank:
+            log.warning(describe(text, hint=_HINT, **where))
+        limit = self._config.stall_shutdown_time
+        if limit > 0 and age >= limit:
+            table.drop(name)
+            req = pending.pop(name, None)
+            if req is not None:
+                done(req, None, CollectiveTimeout(describe(
+                    text, timeout=limit, hint="HOROVOD_STALL_SHUTDOWN_TIME_SECONDS was reached",
+                    **where)))
