@@ -1,10 +1,11 @@
-"""Process-global state of the Horovod-style API: one communicator per process.
+"""Process-global state of the Horovod-style API: one communicator, one fusion engine.
 
-`init()` makes it from the rank environment the launcher set (the local
-launcher, the Spark task, or mpiexec; a world of one otherwise) and, when the
-fusion engine is available, starts one engine over it, so named ops from any
-thread are negotiated, fused and timed like torch's.  `shutdown()` releases
-both.  Nothing here imports a framework.
+`init()` makes the communicator from the rank environment the launcher set
+(the local launcher, the Spark task, or mpiexec; a world of one otherwise)
+and starts the fusion engine over it; every op of this package goes through
+that engine, so ops from any thread are negotiated, fused and timed like
+torch's.  `shutdown()` stops the engine on every rank and closes the
+communicator.  Nothing here imports a framework.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import threading
 from typing import Optional
 
 import collectives
+from collectives.fusion import FusionEngine
 
 __all__ = ["init", "shutdown", "is_initialized", "communicator", "engine", "rank", "size",
            "local_rank", "local_size", "cross_rank", "cross_size", "is_homogeneous",
@@ -20,7 +22,8 @@ __all__ = ["init", "shutdown", "is_initialized", "communicator", "engine", "rank
 
 _lock = threading.Lock()
 _comm: Optional["collectives.Communicator"] = None
-_engine = None
+_engine: Optional[FusionEngine] = None
+_NOT_INIT = "horovod_spark.tensorflow has not been initialized; call hvd.init() first"
 
 
 def init(comm: Optional["collectives.Communicator"] = None,
@@ -39,16 +42,8 @@ def init(comm: Optional["collectives.Communicator"] = None,
             raise TypeError(f"init(comm=...) takes a collectives.Communicator, got "
                             f"{type(comm).__name__}; MPI sub-communicators are not supported")
         comm = comm if comm is not None else collectives.init(config)
-        _engine = _start_engine(comm, config)
+        _engine = FusionEngine(comm, config if config is not None else comm.config)
         _comm = comm
-
-
-def _start_engine(comm, config):
-    try:
-        from collectives.fusion import FusionEngine
-    except ImportError:  # an install without the engine: ops go to the communicator
-        return None
-    return FusionEngine(comm, config if config is not None else comm.config)
 
 
 def shutdown() -> None:
@@ -75,14 +70,16 @@ def communicator() -> "collectives.Communicator":
     """The communicator, or ValueError when init() has not been called."""
     comm = _comm
     if comm is None:
-        raise ValueError("horovod_spark has not been initialized; call hvd.init() first")
+        raise ValueError(_NOT_INIT)
     return comm
 
 
-def engine():
-    """The fusion engine, or None when this install has none."""
-    communicator()
-    return _engine
+def engine() -> FusionEngine:
+    """The fusion engine, or ValueError when init() has not been called."""
+    eng = _engine
+    if eng is None:
+        raise ValueError(_NOT_INIT)
+    return eng
 
 
 def rank() -> int:
@@ -118,13 +115,8 @@ def is_homogeneous() -> bool:
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     """Write a Chrome-trace timeline of every op to file_path (rank 0 writes it)."""
-    eng = engine()
-    if eng is None:
-        raise ValueError("the timeline is written by the fusion engine, which this install lacks")
-    eng.start_timeline(file_path)
+    engine().start_timeline(file_path)
 
 
 def stop_timeline() -> None:
-    eng = engine()
-    if eng is not None:
-        eng.stop_timeline()
+    engine().stop_timeline()

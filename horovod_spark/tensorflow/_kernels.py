@@ -1,25 +1,26 @@
 """The numpy kernels behind every TensorFlow op: arrays in, arrays out.
 
-A *group* is a list of arrays reduced (or broadcast) as one op.  With the
-fusion engine each array is submitted under its own name and the engine fuses
-them; without it, the arrays of one dtype are packed into one flat *fusion
-buffer*, sent as one collective and unpacked, so a model's gradients cost one
-round trip per dtype either way.  Names label the arrays in errors.
+Every kernel goes through the fusion engine that init() started, so TensorFlow
+ops are negotiated, fused, timed and checked exactly like torch's.  A *group*
+is a list of arrays submitted together, each under its own name, and waited
+for together; the engine fuses them into as few collectives as it can.  A
+group can also be split in time (`submit_allreduce` as each array appears,
+`wait_allreduce` once for all), which is how traced gradients overlap the
+backward pass.
 
-Integer AVERAGE is a sum followed by floor division, as in Horovod; the
-communicator refuses AVERAGE on integers, so it never sees one.
+Integer AVERAGE is a sum followed by floor division, as in Horovod; the engine
+refuses AVERAGE on integers, so it never sees one.
 """
 from __future__ import annotations
 
 import itertools
 import threading
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 import cloudpickle
 import numpy as np
 
-from collectives import NotSupported, ReduceOp
-from collectives.errors import describe
+from collectives import ReduceOp
 
 from . import _basics
 
@@ -31,70 +32,11 @@ def _integer_average(op: ReduceOp, dtype: np.dtype) -> bool:
     return op == ReduceOp.AVERAGE and not np.issubdtype(dtype, np.floating)
 
 
-def _allreduce_one(comm, x: np.ndarray, op: ReduceOp, pre: float, post: float, name: str):
-    if _integer_average(op, x.dtype):
-        total = comm.allreduce(x, op=ReduceOp.SUM, name=name)
-        return np.floor_divide(total, x.dtype.type(comm.size))
-    return comm.allreduce(x, op=op, prescale=pre, postscale=post, name=name)
-
-
-def _fused_label(names: Sequence[str]) -> str:
-    return names[0] if len(names) == 1 else f"{names[0]} (+{len(names) - 1} fused)"
-
-
-def _by_dtype(arrays: Sequence[np.ndarray]) -> dict:
-    groups: dict = {}
-    for i, a in enumerate(arrays):
-        groups.setdefault(a.dtype, []).append(i)
-    return groups
-
-
-def _pack(arrays: Sequence[np.ndarray], idx: List[int]) -> np.ndarray:
-    if len(idx) == 1:
-        return np.ascontiguousarray(arrays[idx[0]])
-    return np.concatenate([arrays[i].reshape(-1) for i in idx])
-
-
-def _unpack(flat: np.ndarray, arrays: Sequence[np.ndarray], idx: List[int], out: list) -> None:
-    if len(idx) == 1:
-        out[idx[0]] = flat.reshape(arrays[idx[0]].shape)
-        return
-    offset = 0
-    for i in idx:
-        n = arrays[i].size
-        out[i] = flat[offset:offset + n].reshape(arrays[i].shape)
-        offset += n
-
-
 def allreduce_group(arrays: Sequence[np.ndarray], names: Sequence[str], op: ReduceOp,
                     prescale: float = 1.0, postscale: float = 1.0) -> list:
     """Reduce every array over ranks; returns new arrays in the same order."""
-    comm = _basics.communicator()
-    eng = _basics.engine()
-    op = ReduceOp(op)
-    if eng is not None:
-        return _engine_allreduce(eng, comm, arrays, names, op, prescale, postscale)
-    out: list = [None] * len(arrays)
-    for _, idx in _by_dtype(arrays).items():
-        flat = _pack(arrays, idx)
-        red = _allreduce_one(comm, flat, op, prescale, postscale, _fused_label([names[i] for i in idx]))
-        _unpack(red, arrays, idx, out)
-    return out
-
-
-def _engine_allreduce(eng, comm, arrays, names, op, pre, post) -> list:
-    handles = []
-    for a, n in zip(arrays, names):
-        a = np.ascontiguousarray(a)
-        if _integer_average(op, a.dtype):
-            handles.append((eng.submit(n, "allreduce", a, op=ReduceOp.SUM), True))
-        else:
-            handles.append((eng.submit(n, "allreduce", a, op=op, prescale=pre, postscale=post), False))
-    out = []
-    for (h, floor), a in zip(handles, arrays):
-        r = np.asarray(h.wait()).reshape(a.shape)
-        out.append(np.floor_divide(r, a.dtype.type(comm.size)) if floor else r)
-    return out
+    tokens = [submit_allreduce(a, n, op, prescale, postscale) for a, n in zip(arrays, names)]
+    return wait_allreduce(tokens)
 
 
 # -- split allreduce: submit each tensor as soon as it exists, wait for all later --
@@ -113,15 +55,16 @@ def submit_allreduce(a: np.ndarray, name: str, op: ReduceOp, prescale: float = 1
     """
     eng = _basics.engine()
     op = ReduceOp(op)
-    floor = _integer_average(op, a.dtype)
+    shape, flat = np.shape(a), np.ascontiguousarray(a)  # 0-d arrays come back 1-d
+    floor = _integer_average(op, flat.dtype)
     _await_previous(name)
     if floor:
-        handle = eng.submit(name, "allreduce", a, op=ReduceOp.SUM)
+        handle = eng.submit(name, "allreduce", flat, op=ReduceOp.SUM)
     else:
-        handle = eng.submit(name, "allreduce", a, op=op, prescale=prescale, postscale=postscale)
+        handle = eng.submit(name, "allreduce", flat, op=op, prescale=prescale, postscale=postscale)
     with _lock:
         token = next(_tokens)
-        _submitted[token] = (handle, a.shape, a.dtype if floor else None)
+        _submitted[token] = (handle, shape, flat.dtype if floor else None)
         _token_of[name] = token
     return token
 
@@ -156,67 +99,41 @@ def wait_allreduce(tokens: Sequence[int]) -> list:
 
 def broadcast_group(arrays: Sequence[np.ndarray], names: Sequence[str], root: int) -> list:
     """Every array as root has it; returns new arrays."""
-    comm = _basics.communicator()
     eng = _basics.engine()
-    if eng is not None:
-        hs = [eng.submit(n, "broadcast", np.array(a, copy=True), root=root) for a, n in zip(arrays, names)]
-        return [np.asarray(h.wait()).reshape(a.shape) for h, a in zip(hs, arrays)]
-    out: list = [None] * len(arrays)
-    for _, idx in _by_dtype(arrays).items():
-        flat = np.array(_pack(arrays, idx), copy=True)  # broadcast writes in place
-        comm.broadcast(flat, root=root, name=_fused_label([names[i] for i in idx]))
-        _unpack(flat, arrays, idx, out)
-    return out
+    handles = [eng.submit(n, "broadcast", np.array(a, copy=True), root=root)  # written in place
+               for a, n in zip(arrays, names)]
+    return [np.asarray(h.wait()).reshape(np.shape(a)) for h, a in zip(handles, arrays)]
 
 
 def allgather(x: np.ndarray, name: str) -> np.ndarray:
     """Every rank's x concatenated along dim 0 (first dims may differ)."""
-    eng = _basics.engine()
-    if eng is not None:
-        return np.asarray(eng.submit(name, "allgather", np.ascontiguousarray(x)).wait())
-    return _basics.communicator().allgather(x, name=name)
+    return np.asarray(_basics.engine().submit(name, "allgather", np.ascontiguousarray(x)).wait())
 
 
 def alltoall(x: np.ndarray, splits: Optional[Sequence[int]], name: str):
     """Rows splits[j] go to rank j; returns (received rows, received splits as int32)."""
-    eng = _basics.engine()
-    if eng is not None:
-        out, recv = eng.submit(name, "alltoall", np.ascontiguousarray(x), splits=splits).wait()
-    else:
-        out, recv = _basics.communicator().alltoall(x, splits=splits, name=name)
+    out, recv = _basics.engine().submit(name, "alltoall", np.ascontiguousarray(x),
+                                        splits=splits).wait()
     return np.asarray(out), np.asarray(recv, dtype=np.int32)
 
 
 def reducescatter(x: np.ndarray, op: ReduceOp, name: str) -> np.ndarray:
     """Reduce over ranks, keep this rank's rows (the first ranks get one extra row)."""
-    comm = _basics.communicator()
-    eng = _basics.engine()
     op = ReduceOp(op)
     rop = ReduceOp.SUM if _integer_average(op, x.dtype) else op
-    if eng is not None:
-        out = np.asarray(eng.submit(name, "reducescatter", np.ascontiguousarray(x), op=rop).wait())
-    else:
-        out = comm.reducescatter(x, op=rop, name=name)
-    return np.floor_divide(out, x.dtype.type(comm.size)) if rop != op else out
+    out = np.asarray(_basics.engine().submit(name, "reducescatter", np.ascontiguousarray(x),
+                                             op=rop).wait())
+    return np.floor_divide(out, x.dtype.type(_basics.size())) if rop != op else out
 
 
 def barrier() -> None:
     """Return once every rank has called barrier()."""
-    eng = _basics.engine()
-    if eng is not None:
-        eng.submit("barrier", "barrier", np.zeros(0, np.uint8)).wait()
-    else:
-        _basics.communicator().barrier()
+    _basics.engine().submit("barrier", "barrier").wait()
 
 
 def join() -> int:
     """Wait until every rank has joined; returns the last rank to join."""
-    comm = _basics.communicator()
-    eng = _basics.engine()
-    if eng is None:
-        raise NotSupported(describe("join needs the fusion engine, which this install lacks",
-                                    rank=comm.rank, size=comm.size, op="join"))
-    return int(eng.join())
+    return int(_basics.engine().join())
 
 
 def broadcast_object(obj, root: int, name: str):

@@ -50,7 +50,7 @@ def resolve_op(op, average, what: str = "allreduce") -> ReduceOp:
 # -- allreduce -------------------------------------------------------------
 def _allreduce_raw(xs: Sequence[tf.Tensor], names, op: ReduceOp, pre: float, post: float) -> list:
     wire = [to_wire(x) for x in xs]
-    if len(xs) > 1 and not tf.executing_eagerly() and _basics.engine() is not None:
+    if len(xs) > 1 and not tf.executing_eagerly():
         outs = _allreduce_split(wire, names, op, pre, post)
     else:
         outs = call(lambda *a: _kernels.allreduce_group(a, names, op, pre, post), wire,

@@ -97,7 +97,10 @@ def allreduce_every_op_and_dtype_matches_numpy():
 @check
 def allreduce_scalars_empties_and_scale_factors():
     tf, hvd, r, n = _setup()
-    close(hvd.allreduce(tf.constant(float(r + 1)), op=hvd.Sum), n * (n + 1) / 2)
+    scalar = hvd.allreduce(tf.constant(float(r + 1)), op=hvd.Sum)
+    assert scalar.shape == (), scalar.shape
+    close(scalar, n * (n + 1) / 2)
+    assert hvd.broadcast(tf.constant(r), 0).shape == ()
     empty = hvd.allreduce(tf.zeros([0, 3]))
     assert empty.shape == (0, 3)
     x = tf.constant(value(r))
