@@ -20,6 +20,7 @@ import glob
 import io
 import json
 import os
+import pickle
 import random
 import socket
 import struct
@@ -288,3 +289,83 @@ class SilentServer:
         self._lst.close()
         for s in self._held:
             s.close()
+
+
+# --------------------------------------------------------------------------- servers under attack
+
+class Bomb:
+    """A pickle that leaves a file behind if anyone ever unpickles it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+@dataclasses.dataclass
+class Service:
+    name: str
+    address: str
+    context: str
+    rejected: Callable[[], int]
+    works: Callable[[], None]        # a real client's round trip; raises if the server broke
+    unauthenticated: bytes           # a payload that would do harm if it were parsed
+    planted: Callable[[], bool]      # did that payload reach the server?
+    close: Callable[[], None]
+
+
+def _store_frame(cmd: int, key: bytes, value: bytes) -> bytes:
+    return bytes([cmd]) + struct.pack(">I", len(key)) + key + struct.pack(">Q", len(value)) + value
+
+
+def _store_service(name, server, secret) -> Service:
+    from collectives.store import TCPStore
+
+    def works():
+        client = TCPStore.connect(server.address, secret, timeout=10)
+        try:
+            client.set("job/probe", b"alive")
+            assert client.get("job/probe", 5) == b"alive"
+        finally:
+            client.close()
+
+    return Service(name, server.address, "store", lambda: server.rejected, works,
+                   _store_frame(1, b"job/fn", pickle.dumps(Bomb("/nonexistent"))),
+                   lambda: server.check("job/fn"), server.close)
+
+
+def _log_service(secret) -> Service:
+    from horovod_spark._output import LineSink, LogClient, LogServer, send_frame
+
+    out = io.StringIO()
+    server = LogServer("127.0.0.1", secret, "job", LineSink(out, out), handshake_timeout=5.0)
+
+    def works():
+        client = LogClient(server.address, secret, "job", 7)
+        client.line("stdout", "still serving")
+        client.close()
+        wait_until(lambda: "[7]<stdout>:still serving" in out.getvalue(), 10, "a line arrives")
+
+    frames = socket.socketpair()
+    send_frame(frames[0], {"t": "hello", "job": "job", "rank": 0})
+    send_frame(frames[0], {"t": "fail", "rec": {"rank": 0, "planted": True}})
+    frames[0].close()
+    payload = frames[1].recv(65536)
+    frames[1].close()
+    return Service("log", server.address, "log", lambda: server.rejected, works, payload,
+                   lambda: any(f.get("planted") for f in server.failures), server.close)
+
+
+def make_service(name: str, secret: bytes) -> Service:
+    """A server of a job, on 127.0.0.1: "store", "task-store" (Spark's) or "log"."""
+    if name == "store":
+        from collectives.store import TCPStore
+
+        return _store_service(name, TCPStore.serve("127.0.0.1", secret), secret)
+    if name == "task-store":
+        from horovod_spark._spark_store import SparkStore
+
+        return _store_service(name, SparkStore("127.0.0.1", secret, "job", 0, 1, lambda m: [m]),
+                              secret)
+    return _log_service(secret)

@@ -16,16 +16,12 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import random
 import signal
 import threading
 import time
 
 import cloudpickle
 import numpy as np
-
-SOAK_DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64")
-
 
 def note(outdir, rank, what, **data):
     """Write <outdir>/<what>.<rank>.json atomically."""
@@ -40,7 +36,10 @@ def _rank():
 
 
 def die_now(outdir, rank, where):
-    note(outdir, rank, "killed", t=time.time(), where=where)
+    """Note the moment (and any shared memory this rank created), then SIGKILL this process."""
+    shm = sorted(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else []
+    mine = [n for n in shm if n.startswith(f"hvs-{os.getpid()}-")]
+    note(outdir, rank, "killed", t=time.time(), where=where, shm=mine)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -53,7 +52,8 @@ def die_later(outdir, rank, delay, where):
 def guarded(outdir, body):
     """Run body(); note the error a survivor sees before re-raising it."""
     rank = _rank()
-    note(outdir, rank, "pid", pid=os.getpid(), bind=os.environ.get("HVS_BIND_ADDR"))
+    note(outdir, rank, "pid", pid=os.getpid(), bind=os.environ.get("HVS_BIND_ADDR"),
+         t=time.time())
     try:
         return body()
     except BaseException as exc:
@@ -192,22 +192,31 @@ def communicator_through(hook):
                                renv.bind_addr, renv.secret, f"{renv.job}/fault", config)
 
 
-#: Where a rank can die during rendezvous: (store op, key part, before the call?).
+#: Where a rank can die during rendezvous: (store op, key part, after the call?, delay s).
+#: "after-creating-shared-memory": local rank 0 publishes the name, creates the segment and
+#: dies 0.3 s later while it waits for the others, who come 0.8 s late to attach.
 RENDEZVOUS_POINTS = {
-    "before-init": None,                              # never reaches the store
-    "after-publishing-its-address": ("set", "/mesh/rank/", False),
-    "after-creating-shared-memory": ("set", "/native/shm/", True),  # name not yet published
+    "before-init": None,                                          # never reaches the store
+    "after-publishing-its-address": ("set", "/mesh/rank/", True, 0.0),
+    "after-publishing-the-shm-name": ("set", "/native/shm/", True, 0.0),
+    "after-creating-shared-memory": ("set", "/native/shm/", True, 0.3),
 }
 
 
 def rendezvous_and_die(outdir, victim, point):
     """The victim dies at `point` of bootstrap; the others bootstrap and allreduce once."""
-    rank = _rank()
+    rank, late = _rank(), []
 
     def hook(op, key, before):
         where = RENDEZVOUS_POINTS[point]
-        if rank == victim and (op, before) == (where[0], where[2]) and where[1] in key:
-            die_now(outdir, rank, point)
+        if rank == victim and op == where[0] and where[1] in key and before != where[2]:
+            if where[3]:
+                die_later(outdir, rank, where[3], point)
+            else:
+                die_now(outdir, rank, point)
+        if (rank != victim and point == "after-creating-shared-memory" and op == "get"
+                and "/native/shm/" in key and before and not late):
+            late.append(time.sleep(0.8))
 
     def body():
         if point == "before-init" and rank == victim:
@@ -385,150 +394,6 @@ def held_bootstrap(outdir, held, wait_s=60.0):
         return value
 
     return guarded(outdir, body)
-
-
-# --------------------------------------------------------------------------- soak
-
-def soak_shapes(seed, batch, max_elems):
-    """(count, dtype) per tensor name: the first half of the names keep theirs for the
-    whole soak (the engine's response cache serves them), the rest draw new ones."""
-    rng = np.random.default_rng(seed)
-    return [(int(rng.integers(0, max_elems + 1)), SOAK_DTYPES[int(rng.integers(len(SOAK_DTYPES)))])
-            for _ in range(batch // 2)]
-
-
-def soak_batch(rng, size, batch, max_elems, fixed):
-    """One batch: (name, dtype name, every rank's values as float64) per tensor."""
-    out = []
-    for i in range(batch):
-        if i < len(fixed):
-            n, dt = fixed[i]
-        else:
-            n = int(rng.integers(0, max_elems + 1)) if rng.random() < 0.9 else int(rng.integers(0, 8))
-            dt = SOAK_DTYPES[int(rng.integers(len(SOAK_DTYPES)))]
-        low = 0 if dt == "uint8" else -4
-        vals = rng.integers(low, 5, size=(size, n)).astype(np.float64)  # sums stay exact
-        out.append((f"t{i}", dt, vals))
-    return out
-
-
-def soak(total, batch, seed, max_elems=4096):
-    """`total` fused allreduces (SUM) through horovod_spark.torch, in batches.
-
-    Every rank draws the same batches, so it knows the exact answer: integer
-    values whose sums every dtype represents exactly.  Returns a digest of
-    every result (equal on every rank iff the results are bit-identical), the
-    number that differ from numpy, and the RSS after the first tenth and at
-    the end.
-    """
-    import hashlib
-
-    import horovod_spark.torch as hvd
-    import psutil
-    import torch
-
-    hvd.init()
-    rank, size = hvd.rank(), hvd.size()
-    rng, digest, wrong, rss = np.random.default_rng(seed), hashlib.sha256(), 0, []
-    batches, fixed = total // batch, soak_shapes(seed, batch, max_elems)
-    for b in range(batches):
-        items = soak_batch(rng, size, batch, max_elems, fixed)
-        tensors = [torch.from_numpy(v[rank]).to(getattr(torch, dt)) for _, dt, v in items]
-        handles = [hvd.allreduce_async(t, name=name, op=hvd.Sum)
-                   for (name, _, _), t in zip(items, tensors)]
-        for (_, dt, vals), h in zip(items, handles):
-            out = hvd.synchronize(h)
-            want = torch.from_numpy(vals.sum(axis=0)).to(getattr(torch, dt))
-            wrong += int(out.dtype != want.dtype or not torch.equal(out, want))
-            digest.update(out.view(torch.uint8).numpy().tobytes() if out.numel() else b"")
-        if b == batches // 10 or b == batches - 1:
-            rss.append(psutil.Process().memory_info().rss)
-    hvd.shutdown()
-    return {"digest": digest.hexdigest(), "wrong": wrong, "count": batches * batch, "rss": rss}
-
-
-def soak_random_floats(steps, seed, nelem=1000):
-    """Non-integer float32 sums: every rank must get the same bits; numpy within rounding."""
-    import hashlib
-
-    import horovod_spark.torch as hvd
-    import torch
-
-    hvd.init()
-    rank, size = hvd.rank(), hvd.size()
-    rng, digest, worst = np.random.default_rng(seed), hashlib.sha256(), 0.0
-    for step in range(steps):
-        vals = rng.standard_normal((size, nelem)).astype(np.float32)
-        out = hvd.allreduce(torch.from_numpy(vals[rank].copy()), name=f"f{step % 7}", op=hvd.Sum)
-        digest.update(out.numpy().tobytes())
-        worst = max(worst, float(np.abs(out.numpy() - vals.astype(np.float64).sum(0)).max()))
-    hvd.shutdown()
-    return {"digest": digest.hexdigest(), "worst": worst}
-
-
-# --------------------------------------------------------------------------- restarts
-
-def _epoch_data(epoch, rank, size, steps, batch):
-    g = np.random.default_rng(1000 + epoch)
-    x = g.standard_normal((size * steps * batch, 8)).astype(np.float32)
-    w = np.arange(1, 9, dtype=np.float32)
-    y = (x @ w + 0.5).reshape(-1, 1).astype(np.float32)
-    mine = slice(rank * steps * batch, (rank + 1) * steps * batch)
-    return x[mine], y[mine]
-
-
-def train_with_checkpoints(ckpt_dir, epochs=4, steps=6, batch=16, die_rank=None, die_epoch=1,
-                           die_step=3):
-    """Horovod-style training that checkpoints every epoch and resumes from the newest.
-
-    Rank 0 writes `ckpt_dir/ckpt.pt` (model, optimizer, next epoch) at the end of each
-    epoch and loads it at start; broadcasts bring every rank to it.  `die_rank`
-    SIGKILLs itself once (a marker file remembers) in epoch `die_epoch`.
-    Returns the final weights (numpy) and the epoch this attempt started at.
-    """
-    import horovod_spark.torch as hvd
-    import torch
-
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    hvd.init()
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    path, start = os.path.join(ckpt_dir, "ckpt.pt"), 0
-    if hvd.rank() == 0 and os.path.exists(path):
-        state = torch.load(path, weights_only=True)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        start = int(state["epoch"])
-    start = hvd.broadcast_object(start, root_rank=0)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(opt, root_rank=0)
-    dopt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
-    marker = os.path.join(ckpt_dir, "died-once")
-    for epoch in range(start, epochs):
-        x, y = _epoch_data(epoch, hvd.rank(), hvd.size(), steps, batch)
-        for step in range(steps):
-            if (hvd.rank() == die_rank and epoch == die_epoch and step == die_step
-                    and not os.path.exists(marker)):
-                open(marker, "w").close()
-                die_now(ckpt_dir, hvd.rank(), f"epoch {epoch} step {step}")
-            xb = torch.from_numpy(x[step * batch:(step + 1) * batch])
-            yb = torch.from_numpy(y[step * batch:(step + 1) * batch])
-            dopt.zero_grad()
-            torch.nn.functional.mse_loss(model(xb), yb).backward()
-            dopt.step()
-        if hvd.rank() == 0:
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "epoch": epoch + 1},
-                       path + ".tmp")
-            os.replace(path + ".tmp", path)
-        hvd.barrier()
-    weights = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
-    hvd.shutdown()
-    return {"weights": weights, "started_at": start}
-
-
-def random_delay(seed, low, high):
-    return random.Random(seed).uniform(low, high)
 
 
 cloudpickle.register_pickle_by_value(__import__(__name__))

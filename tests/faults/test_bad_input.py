@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 import _fault_kit as kit
+import _fault_work as work
 import horovod_spark
 from collectives import ReduceOp
 from collectives.launch import run_local
@@ -168,59 +169,19 @@ def test_hvd_refuses_bad_tensors_in_the_callers_thread():
 
 # --------------------------------------------------------------------------- across ranks
 
-def _refused_then_paired(size):
-    """Rank 0 passes a bad tensor; then every rank allreduces: nothing went on the wire."""
-    import collectives
-
-    comm = collectives.init()
-    refused = None
-    if comm.rank == 0:
-        try:
-            comm.allreduce(np.ones(3, np.complex64))
-        except TypeError as exc:
-            refused = str(exc)
-    out = comm.allreduce(np.full(5, comm.rank + 1.0, np.float32))
-    return refused, out.tolist()
-
-
 def test_a_refused_op_costs_no_communication_the_next_op_still_pairs_up():
-    results = run_local(_refused_then_paired, 3, args=(3,), timeout=60)
+    results = run_local(work.refused_then_paired, 3, timeout=60)
     assert results[0][0] and "complex64" in results[0][0]
     assert [r[1] for r in results] == [[6.0] * 5] * 3
 
 
-def _hvd_mismatch(kind):
-    import horovod_spark.torch as hvd
-
-    hvd.init()
-    n = 10 if hvd.rank() == 0 else 12
-    t = torch.ones(n) if kind == "shape" else torch.ones(10, dtype=torch.float32 if hvd.rank() == 0
-                                                         else torch.float64)
-    try:
-        hvd.allreduce(t, name="grad.w")
-    except hvd.MismatchError as exc:
-        return str(exc)
-    return "no error"
-
-
 @pytest.mark.parametrize("kind", ["shape", "dtype"])
-def test_hvd_names_a_tensor_whose_shape_or_dtype_differs_across_ranks_on_every_rank(kind):
-    messages = run_local(_hvd_mismatch, 2, args=(kind,), timeout=60)
+def test_a_named_tensor_whose_shape_or_dtype_differs_across_ranks_is_named_on_every_rank(kind):
+    messages = run_local(work.fused_mismatch, 2, args=(kind,), timeout=60)
     for m in messages:
         assert "grad.w" in m and "rank" in m, messages
     want = ("10", "12") if kind == "shape" else ("float32", "float64")
     assert all(w in messages[0] for w in want), messages
-
-
-def _plain_mismatch(transport):
-    import collectives
-
-    comm = collectives.init()
-    n = 10 if comm.rank == 0 else 12
-    try:
-        return "no error: " + str(comm.allreduce(np.ones(n, np.float32)).tolist())
-    except collectives.MismatchError as exc:
-        return str(exc)
 
 
 PLAIN_MISMATCH = ("Communicator.allreduce with counts that differ across ranks is not detected: "
@@ -234,7 +195,7 @@ PLAIN_MISMATCH = ("Communicator.allreduce with counts that differ across ranks i
 @pytest.mark.xfail(strict=True, reason=PLAIN_MISMATCH)
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_a_plain_allreduce_whose_count_differs_across_ranks_fails_on_every_rank(fault, transport):
-    out = kit.run_local_job(_plain_mismatch, 2, args=(transport,),
+    out = kit.run_local_job(work.plain_mismatch, 2,
                             env=fault.env(tcp=transport == "tcp"), outdir=fault.outdir)
     assert out.error is None, out.error
     assert all("10" in m and "12" in m for m in out.value), out.value

@@ -8,6 +8,7 @@ moment (the seed is in the test id) or at a chosen point of the bootstrap.
 """
 from __future__ import annotations
 
+import os
 import random
 import sys
 
@@ -89,39 +90,25 @@ def test_survivors_of_a_rank_killed_inside_a_fused_allreduce_fail_with_a_named_e
     assert_nothing_left(out, fault)
 
 
-SHM_LEAK = ("a local rank 0 killed between creating its shared-memory segment and publishing "
-            "its name leaves /dev/shm/hvs-<pid>-*: nobody else knows the name, so nobody unlinks "
-            "it (collectives/backends/native.py; fix: the launcher and the Spark task unlink "
-            "/dev/shm/hvs-<rank pid>-* once a rank has exited)")
-RENDEZVOUS = [
-    pytest.param("before-init", 1, id="before-init"),
-    pytest.param("after-publishing-its-address", 1, id="after-publishing-its-address"),
-    pytest.param("after-creating-shared-memory", 0, id="after-creating-shared-memory",
-                 marks=pytest.mark.xfail(strict=True, reason=SHM_LEAK)),
-]
+#: (point, victim): the victim of a shared-memory point is local rank 0, its creator.
+RENDEZVOUS = [("before-init", 1), ("after-publishing-its-address", 1),
+              ("after-publishing-the-shm-name", 0), ("after-creating-shared-memory", 0)]
+IDS = [p for p, _ in RENDEZVOUS]
 
 
-@pytest.mark.parametrize("point,victim", RENDEZVOUS)
+@pytest.mark.parametrize("point,victim", RENDEZVOUS, ids=IDS)
 def test_a_rank_killed_during_rendezvous_is_named_by_the_driver_and_nothing_is_left(fault, point,
                                                                                   victim):
     out = kit.run_local_job(ranks.rendezvous_and_die, 3, args=(fault.outdir, victim, point),
                             env=fault.env(), outdir=fault.outdir)
     assert_driver_named(out, victim, CONNECT_TIMEOUT)
+    created = out.notes("killed")[victim]["shm"]
+    assert bool(created) == (point == "after-creating-shared-memory"), created
     assert_nothing_left(out, fault)
 
 
-SHM_NAME_WAIT = ("a rank waiting for local rank 0's shared-memory name fails with the store's "
-                 "bare \"store: key '...' not set\" (collectives/backends/native.py "
-                 "_shared_memory: wrap the store.get, name local rank 0 and check its pid)")
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("point,victim", [
-    pytest.param("before-init", 1, id="before-init"),
-    pytest.param("after-publishing-its-address", 1, id="after-publishing-its-address"),
-    pytest.param("after-creating-shared-memory", 0, id="after-creating-shared-memory",
-                 marks=pytest.mark.xfail(strict=True, reason=SHM_NAME_WAIT)),
-])
+@pytest.mark.parametrize("point,victim", RENDEZVOUS, ids=IDS)
 def test_survivors_of_a_death_in_rendezvous_fail_naming_it_within_the_connect_timeout(fault, point,
                                                                                       victim):
     """Without a launcher that kills them, the survivors must find out by themselves."""
@@ -130,11 +117,12 @@ def test_survivors_of_a_death_in_rendezvous_fail_naming_it_within_the_connect_ti
     connect = 4.0
     code = ("import _fault_ranks as r; "
             f"r.rendezvous_and_die({fault.outdir!r}, {victim}, {point!r})")
-    group, _ = start_ranks([sys.executable, "-c", code], 3, fault.env(connect_timeout=connect),
-                           stdout=open("/dev/null", "w"), stderr=open("/dev/null", "w"))
-    with group:
-        kit.wait_until(lambda: all(p.poll() is not None for p in group.procs),
-                       connect + 20.0, "every rank exits")
+    with open(os.devnull, "w") as sink:
+        group, _ = start_ranks([sys.executable, "-c", code], 3, fault.env(connect_timeout=connect),
+                               stdout=sink, stderr=sink)
+        with group:
+            kit.wait_until(lambda: all(p.poll() is not None for p in group.procs),
+                           connect + 20.0, "every rank exits")
     out = kit.Outcome(None, None, 0.0, 0.0, fault.outdir, "")
     errors = out.notes("error")
     for r in set(range(3)) - {victim}:

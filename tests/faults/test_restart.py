@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 import _fault_kit as kit
-import _fault_ranks as ranks
+import _fault_work as work
 
 
 def _run(np_, ckpt_dir, fault, die_rank, max_restarts):
     """horovod_spark.run of the checkpointing trainer: np_ > 0 on Spark, < 0 local ranks."""
     os.makedirs(ckpt_dir, exist_ok=True)
-    return kit.run_spark_job(ranks.train_with_checkpoints, np_,
+    return kit.run_spark_job(work.train_with_checkpoints, np_,
                              args=(str(ckpt_dir), 3, 4, 16, die_rank, 1, 2), env=fault.env(),
                              outdir=fault.outdir, max_restarts=max_restarts)
 

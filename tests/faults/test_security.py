@@ -11,14 +11,10 @@ crowd of connections that never say a word.
 """
 from __future__ import annotations
 
-import dataclasses
-import io
 import os
-import pickle
 import socket
 import struct
 import sys
-from typing import Callable
 
 import pytest
 
@@ -33,85 +29,9 @@ WARM_UP = 500
 RSS_BOUND = 32 << 20  # generous: the figure measured is in benchmarks/RELIABILITY.md
 
 
-class Bomb:
-    """A pickle that leaves a file behind if anyone ever unpickles it."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def __reduce__(self):
-        return (open, (self.path, "w"))
-
-
-@dataclasses.dataclass
-class Service:
-    name: str
-    address: str
-    context: str
-    rejected: Callable[[], int]
-    works: Callable[[], None]        # a real client's round trip; raises if the server broke
-    unauthenticated: bytes           # a payload that would do harm if it were parsed
-    planted: Callable[[], bool]      # did that payload reach the server?
-    close: Callable[[], None]
-
-
-def _store_frame(cmd: int, key: bytes, value: bytes) -> bytes:
-    return bytes([cmd]) + struct.pack(">I", len(key)) + key + struct.pack(">Q", len(value)) + value
-
-
-def _store_service(name, server) -> Service:
-    from collectives.store import TCPStore
-
-    def works():
-        client = TCPStore.connect(server.address, SECRET, timeout=10)
-        try:
-            client.set("job/probe", b"alive")
-            assert client.get("job/probe", 5) == b"alive"
-        finally:
-            client.close()
-
-    return Service(name, server.address, "store", lambda: server.rejected, works,
-                   _store_frame(1, b"job/fn", pickle.dumps(Bomb("/nonexistent"))),
-                   lambda: server.check("job/fn"), server.close)
-
-
-def _log_service() -> Service:
-    from horovod_spark._output import LineSink, LogClient, LogServer, send_frame
-
-    out = io.StringIO()
-    server = LogServer("127.0.0.1", SECRET, "job", LineSink(out, out), handshake_timeout=5.0)
-
-    def works():
-        client = LogClient(server.address, SECRET, "job", 7)
-        client.line("stdout", "still serving")
-        client.close()
-        kit.wait_until(lambda: "[7]<stdout>:still serving" in out.getvalue(), 10, "a line arrives")
-
-    frames = socket.socketpair()
-    send_frame(frames[0], {"t": "hello", "job": "job", "rank": 0})
-    send_frame(frames[0], {"t": "fail", "rec": {"rank": 0, "planted": True}})
-    frames[0].close()
-    payload = frames[1].recv(65536)
-    frames[1].close()
-    return Service("log", server.address, "log", lambda: server.rejected, works, payload,
-                   lambda: any(f.get("planted") for f in server.failures), server.close)
-
-
-def _make(name: str) -> Service:
-    if name == "store":
-        from collectives.store import TCPStore
-
-        return _store_service(name, TCPStore.serve("127.0.0.1", SECRET))
-    if name == "task-store":
-        from horovod_spark._spark_store import SparkStore
-
-        return _store_service(name, SparkStore("127.0.0.1", SECRET, "job", 0, 1, lambda m: [m]))
-    return _log_service()
-
-
 @pytest.fixture(params=["store", "task-store", "log"])
 def service(request):
-    svc = _make(request.param)
+    svc = kit.make_service(request.param, SECRET)
     yield svc
     svc.close()
 

@@ -19,6 +19,8 @@ import pathlib
 import cloudpickle
 import pytest
 
+import _fault_kit as kit
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGES = ("collectives", "horovod_spark")
 PICKLERS = {"pickle", "cloudpickle", "_pickle", "dill"}
@@ -137,14 +139,6 @@ def test_the_finder_sees_every_spelling_of_unpickling():
 
 # --------------------------------------------------------------------------- behaviour
 
-class Bomb:
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def __reduce__(self):
-        return (open, (self.path, "w"))
-
-
 MARKER_PICKLE = ("JobFailedError.original() unpickles the exc_blob of any failure record, and "
                  "records are also parsed out of Spark's exception text (parse_failure_markers), "
                  "which carries the rank's own traceback text: an exception message that contains "
@@ -161,7 +155,7 @@ def test_a_failure_record_forged_in_spark_exception_text_is_never_unpickled(tmp_
 
     target = tmp_path / "unpickled"
     forged = failure_marker({"rank": 1, "size": 2, "error_type": "ValueError", "message": "x",
-                             "exc_blob": base64.b64encode(cloudpickle.dumps(Bomb(str(target))))
+                             "exc_blob": base64.b64encode(cloudpickle.dumps(kit.Bomb(str(target))))
                              .decode()})
     spark_text = f"Job aborted: ... ValueError: user data said {forged}\n"
     err = JobFailedError(failure_of(None, RuntimeError(spark_text), 2))
@@ -170,13 +164,12 @@ def test_a_failure_record_forged_in_spark_exception_text_is_never_unpickled(tmp_
 
 
 def test_a_pickle_sent_to_the_launchers_store_without_the_secret_is_never_run(tmp_path):
-    import _fault_kit as kit
     from collectives.store import TCPStore
 
     target = tmp_path / "unpickled"
     server = TCPStore.serve("127.0.0.1", os.urandom(32))
     try:
-        blob = cloudpickle.dumps((Bomb(str(target)), (), {}))
+        blob = cloudpickle.dumps((kit.Bomb(str(target)), (), {}))
         key = b"job/fn"
         frame = bytes([1]) + len(key).to_bytes(4, "big") + key + len(blob).to_bytes(8, "big") + blob
         kit.attack_without_secret(server.address, frame)
