@@ -18,9 +18,11 @@ from __future__ import annotations
 import difflib
 from typing import Any, Dict, List, Optional, Sequence
 
+import numpy as np
+
 from horovod_spark.estimator.data import ColumnSpec, batch_from_table, column_specs, prepare
 
-__all__ = ["checked_specs", "sample_batch", "resolve_num_proc", "require"]
+__all__ = ["checked_specs", "sample_batch", "resolve_num_proc", "require", "label_problem"]
 
 SAMPLE_ROWS = 16
 
@@ -74,3 +76,22 @@ def resolve_num_proc(spark, num_proc: Optional[int]) -> int:
     if n < 1:
         raise ValueError(f"num_proc must be at least 1, got {n}")
     return n
+
+
+def label_problem(name: str, label: np.ndarray, out_shape: Sequence[int]) -> Optional[str]:
+    """Why ``label`` (rows first) can't be compared with an output of ``out_shape``, or None.
+
+    An integer label of one value per row next to an output of several values per
+    row is a class index; any other label must have as many values per row.
+    """
+    per_row = [int(d) for d in out_shape[1:]]
+    if label.dtype.kind in "iu" and label.ndim == 1 and int(np.prod(per_row)) > 1:
+        classes = per_row[0] if len(per_row) == 1 else None
+        if classes is not None and len(label) and (label.min() < 0 or label.max() >= classes):
+            return (f"label column '{name}' has class {int(label.max())} (or a negative one) "
+                    f"but the model outputs {classes} values per row")
+        return None
+    if int(np.prod(label.shape[1:])) != int(np.prod(per_row)):
+        return (f"label column '{name}' has shape {list(label.shape[1:])} per row but the "
+                f"model's output for it has shape {per_row} per row")
+    return None

@@ -32,7 +32,7 @@ class DistributedEstimator(Estimator, EstimatorParams):
         self._last_timings: Dict[str, float] = {}
 
     # framework hooks
-    def _user_objects(self, values: Dict[str, Any]) -> bytes:
+    def _user_objects(self, values: Dict[str, Any], output_shapes: List[List[int]]) -> bytes:
         raise NotImplementedError
 
     def _dry_run(self, values: Dict[str, Any], sample: Dict[str, Any]) -> List[List[int]]:
@@ -55,7 +55,7 @@ class DistributedEstimator(Estimator, EstimatorParams):
         output_shapes = self._dry_run(values, sample)
         spark = dataset.sparkSession
         num_proc = _checks.resolve_num_proc(spark, values["num_proc"])
-        job = self._barrier_job(values, specs)
+        job = self._barrier_job(values, specs, output_shapes)
         result = self._run(spark, prepare(dataset, specs), num_proc, job, values["verbose"])
         self._last_timings = result.get("timings", {})
         return self._model_class(
@@ -68,13 +68,14 @@ class DistributedEstimator(Estimator, EstimatorParams):
 
         return run_fit(spark, prepared, num_proc, job, verbose)
 
-    def _barrier_job(self, values: Dict[str, Any], specs: Sequence[ColumnSpec]) -> BarrierJob:
+    def _barrier_job(self, values: Dict[str, Any], specs: Sequence[ColumnSpec],
+                     output_shapes: List[List[int]]) -> BarrierJob:
         from horovod_spark.estimator.store import LocalStore
 
         validation = values["validation"]
         store = values["store"] or LocalStore(_default_store_dir())
         train = TrainSpec(
-            user=self._user_objects(values), feature_cols=tuple(values["feature_cols"]),
+            user=self._user_objects(values, output_shapes), feature_cols=tuple(values["feature_cols"]),
             label_cols=tuple(values["label_cols"]), weight_col=values["sample_weight_col"],
             batch_size=values["batch_size"], epochs=values["epochs"], shuffle=values["shuffle"],
             seed=values["random_seed"],

@@ -62,19 +62,10 @@ def shape_label(label: np.ndarray, output, device: Any = None):
 
 
 def label_problem(name: str, label: np.ndarray, output) -> Optional[str]:
-    """Why ``label`` can't be compared with ``output``, or None."""
-    per_row = list(output.shape[1:])
-    t = _tensor(label)
-    if _is_class_index(t, output):
-        classes = per_row[0] if len(per_row) == 1 else None
-        if classes is not None and (label.min() < 0 or label.max() >= classes):
-            return (f"label column '{name}' has class {int(label.max())} (or a negative one) "
-                    f"but the model outputs {classes} values per row")
-        return None
-    if int(np.prod(label.shape[1:])) != int(np.prod(per_row)):
-        return (f"label column '{name}' has shape {list(label.shape[1:])} per row but the "
-                f"model's output for it has shape {per_row} per row")
-    return None
+    """Why ``label`` can't be compared with ``output``, or None (see ``_checks``)."""
+    from horovod_spark.estimator._checks import label_problem as problem
+
+    return problem(name, label, tuple(output.shape))
 
 
 def _per_row(loss_fn: Callable, output, label):

@@ -140,7 +140,7 @@ def _declare(cls: type, table: Dict[str, Tuple[str, Callable[[Any], Any], Any]])
         setter.__doc__ = f"Sets {name}: {doc}."
         setattr(cls, "get" + camel, getter)
         setattr(cls, "set" + camel, setter)
-    cls._param_table = table
+    cls._param_table = {**getattr(cls, "_param_table", {}), **table}
     return cls
 
 

@@ -48,7 +48,7 @@ class TorchEstimator(DistributedEstimator):
     _train_fn = staticmethod(_train_torch.train)
     _model_class = TorchModel
 
-    def _user_objects(self, values: Dict[str, Any]) -> bytes:
+    def _user_objects(self, values: Dict[str, Any], output_shapes: List[List[int]]) -> bytes:
         _check_torch_objects(values)
         return _torch_io.dumps_model({
             "model": values["model"], "optimizer": values["optimizer"], "loss": values["loss"],

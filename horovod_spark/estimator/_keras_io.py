@@ -1,0 +1,118 @@
+"""How Keras sees the data: the conventions training, the driver's dry run and
+prediction share (the torch ones, ``_torch_io``, in Keras's argument order).
+
+- inputs: one float32 array per feature column, a scalar column ``(batch, 1)``;
+  a single feature column is passed as one array, several as a list;
+- outputs: one per label column; labels: an integer scalar label next to an
+  output of several values per row is a class index (``sparse_*`` losses), any
+  other label float32 in its output's shape;
+- the model travels as the bytes of a ``.keras`` file (weights and architecture,
+  no pickled code) next to the user's ``custom_objects``.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from horovod_spark.estimator._checks import label_problem
+
+__all__ = ["to_inputs", "shape_label", "dumps_model", "loads_model", "make_predictor",
+           "dry_run", "as_outputs"]
+
+
+def to_inputs(features: Sequence[np.ndarray]) -> Any:
+    arrays = [np.asarray(f.reshape(-1, 1) if f.ndim == 1 else f, dtype=np.float32)
+              for f in features]
+    return arrays[0] if len(arrays) == 1 else arrays
+
+
+def as_outputs(output: Any) -> List[np.ndarray]:
+    outs = list(output) if isinstance(output, (list, tuple)) else [output]
+    return [np.asarray(o) for o in outs]
+
+
+def _is_class_index(label: np.ndarray, out_shape: Sequence[int]) -> bool:
+    return label.dtype.kind in "iu" and label.ndim == 1 and int(np.prod(out_shape[1:])) > 1
+
+
+def shape_label(label: np.ndarray, out_shape: Sequence[int]) -> np.ndarray:
+    if _is_class_index(label, out_shape):
+        return label
+    label = label.astype(np.float32, copy=False)
+    rows = len(label)
+    per_row = tuple(out_shape[1:])
+    return label.reshape((rows,) + per_row) if label.size == rows * int(np.prod(per_row)) \
+        else label
+
+
+def dumps_model(model: Any, custom_objects: Optional[Dict[str, Any]] = None) -> bytes:
+    """cloudpickle of {"keras": the .keras file's bytes, "custom_objects": ...}."""
+    import cloudpickle
+
+    with tempfile.TemporaryDirectory(prefix="hvs-keras-") as tmp:
+        path = os.path.join(tmp, "model.keras")
+        model.save(path)
+        with open(path, "rb") as f:
+            data = f.read()
+    return cloudpickle.dumps({"keras": data, "custom_objects": custom_objects or {}})
+
+
+def loads_model(blob: bytes, compile: bool = False) -> Any:
+    import cloudpickle
+    import keras
+
+    parts = cloudpickle.loads(blob)
+    with tempfile.TemporaryDirectory(prefix="hvs-keras-") as tmp:
+        path = os.path.join(tmp, "model.keras")
+        with open(path, "wb") as f:
+            f.write(parts["keras"])
+        return keras.saving.load_model(path, custom_objects=parts["custom_objects"] or None,
+                                       compile=compile)
+
+
+def make_predictor(model_bytes: bytes) -> Callable[[List[np.ndarray]], List[np.ndarray]]:
+    """features -> outputs as numpy, for ``Model.transform`` on the executors."""
+    model = loads_model(model_bytes)
+
+    def predict(features: List[np.ndarray]) -> List[np.ndarray]:
+        return as_outputs(model.predict_on_batch(to_inputs(features)))
+
+    return predict
+
+
+def dry_run(model: Any, loss: Any, feature_cols: Sequence[str], label_cols: Sequence[str],
+            sample: dict, weight_col: Optional[str] = None) -> List[List[int]]:
+    """Run the model (which builds it) and the loss on a few rows; the output shapes.
+
+    Raises:
+        ValueError: naming the columns, as ``_torch_io.dry_run`` does.
+    """
+    import keras
+
+    features = [sample[c] for c in feature_cols]
+    try:
+        outputs = as_outputs(model(to_inputs(features), training=False))
+    except Exception as exc:
+        desc = ", ".join(f"'{n}' {f.dtype}{list(f.shape)}" for n, f in zip(feature_cols, features))
+        raise ValueError(f"the model can't take the feature columns {desc} (one input each): "
+                         f"{type(exc).__name__}: {exc}") from exc
+    if len(outputs) != len(label_cols):
+        raise ValueError(f"the model returns {len(outputs)} output(s) but there are "
+                         f"{len(label_cols)} label columns {list(label_cols)}; return one "
+                         f"output per label column")
+    losses = list(loss) if isinstance(loss, (list, tuple)) else [loss] * len(label_cols)
+    for name, output, fn in zip(label_cols, outputs, losses):
+        label = sample[name]
+        problem = label_problem(name, label, output.shape)
+        if problem:
+            raise ValueError(problem)
+        try:
+            keras.losses.get(fn)(shape_label(label, output.shape), output)
+        except Exception as exc:
+            raise ValueError(f"the loss can't compare the model's output {list(output.shape)} "
+                             f"with label '{name}' {label.dtype}{list(label.shape)}: "
+                             f"{type(exc).__name__}: {exc}") from exc
+    return [list(o.shape[1:]) for o in outputs]

@@ -1,0 +1,197 @@
+"""The rank side of KerasEstimator.fit: runs in each rank process.
+
+One fit, on every rank: ``hvd.init()``; map the rank's shard; load the model from
+its ``.keras`` bytes; compile it with ``hvd.DistributedOptimizer`` around the
+user's optimizer; build the optimizer on every rank (so that
+``BroadcastGlobalVariablesCallback`` sends model and optimizer state in one
+round when training begins); rank 0 restores the run's newest checkpoint (weights,
+optimizer variables, epoch, history) if there is one, and every rank starts
+from the epoch after it.  ``model.fit`` pulls ``RankData.steps`` batches per
+epoch from one generator, the same count on every rank.  At each epoch's end,
+in this order: ``MetricAverageCallback`` (training metrics: equal steps, so the
+mean over ranks is the global mean), the validation rows (each rank evaluates
+its own, and the results are weighted by row counts in one allreduce), the
+user's callbacks (on every rank, so EarlyStopping stops every rank alike), and
+rank 0's checkpoint.  Rank 0 returns the model's bytes, the history and its
+timings; the other ranks return None.
+"""
+from __future__ import annotations
+
+import io
+import json
+import time
+from typing import Any, Dict, Iterator, List, Optional
+
+import keras
+import numpy as np
+
+from horovod_spark.estimator import _keras_io as kio
+from horovod_spark.estimator._job import Progress, RankData, TrainSpec, append_history
+
+__all__ = ["train"]
+
+
+def train(spec: TrainSpec, directory: str) -> Optional[Dict[str, Any]]:
+    import horovod_spark.keras as hvd
+
+    hvd.init()
+    data = RankData(spec, directory, hvd.rank())
+    try:
+        return _fit(hvd, spec, data)
+    finally:
+        data.close()
+
+
+def _batches(spec: TrainSpec, data: RankData, user: dict, epochs: range,
+             out_shapes: List[tuple]) -> Iterator[tuple]:
+    transform = user.get("transformation_fn")
+    for epoch in epochs:
+        for batch in data.epoch(epoch):
+            yield _keras_batch(spec, batch, transform, out_shapes)
+
+
+def _keras_batch(spec: TrainSpec, batch: dict, transform, out_shapes: List[tuple]) -> tuple:
+    if transform is not None:
+        batch = transform(dict(batch))
+    x = kio.to_inputs([batch[c] for c in spec.feature_cols])
+    ys = [kio.shape_label(batch[c], s) for c, s in zip(spec.label_cols, out_shapes)]
+    y = ys[0] if len(ys) == 1 else ys
+    if spec.weight_col:
+        return x, y, np.asarray(batch[spec.weight_col], np.float32)
+    return x, y
+
+
+def _optimizer(user: dict):
+    import keras
+
+    opt = user["optimizer"]
+    if isinstance(opt, dict):
+        return keras.optimizers.deserialize(opt, custom_objects=user["custom_objects"] or None)
+    if isinstance(opt, str):
+        return keras.optimizers.get(opt)
+    return opt()  # a factory
+
+
+def _fit(hvd, spec: TrainSpec, data: RankData) -> Optional[Dict[str, Any]]:
+    import cloudpickle
+
+    user = cloudpickle.loads(spec.user)
+    model = kio.loads_model(user["model"])
+    opt = hvd.DistributedOptimizer(_optimizer(user),
+                                   backward_passes_per_step=spec.backward_passes_per_step,
+                                   average_aggregated_gradients=True)
+    model.compile(optimizer=opt, loss=user["loss"], metrics=user["metrics"] or None,
+                  jit_compile=False)
+    opt.build(model.trainable_variables)
+    rank = hvd.rank()
+    start, history = _resume(hvd, spec, model, opt, rank)
+    progress = Progress(spec, rank, data.steps)
+    out_shapes = [tuple([None] + list(s)) for s in user["output_shapes"]]
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                 hvd.callbacks.MetricAverageCallback()]
+    if spec.has_validation:
+        callbacks.append(_Validation(hvd, spec, data, user, out_shapes))
+    callbacks += list(user.get("callbacks") or [])
+    callbacks.append(_EpochEnd(spec, history, progress, rank))
+    if start < spec.epochs:
+        model.fit(_batches(spec, data, user, range(start, spec.epochs), out_shapes),
+                  steps_per_epoch=data.steps, epochs=spec.epochs, initial_epoch=start,
+                  verbose=0, shuffle=False, callbacks=callbacks)
+    if rank != 0:
+        return None
+    model_bytes = kio.dumps_model(model, user["custom_objects"])
+    spec.store.write_bytes(spec.store.model_path(spec.run_id), model_bytes)
+    return {"model": model_bytes, "history": history,
+            "timings": progress.timings(spec.data_seconds)}
+
+
+class _Validation(keras.callbacks.Callback):
+    """Each rank evaluates its validation rows; one allreduce weights them by row count."""
+
+    def __init__(self, hvd, spec: TrainSpec, data: RankData, user: dict, out_shapes):
+        super().__init__()
+        self.hvd, self.spec, self.data, self.user, self.out_shapes = hvd, spec, data, user, \
+            out_shapes
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None:
+            return
+        batches = [_keras_batch(self.spec, b, self.user.get("transformation_fn"),
+                                self.out_shapes)
+                   for b in self.data.validation(self.spec.batch_size)]
+        rows = float(sum(len(b[1] if not isinstance(b[1], list) else b[1][0]) for b in batches))
+        names = sorted(k for k in logs if np.ndim(logs[k]) == 0)
+        values = np.zeros(len(names))
+        if batches:
+            result = self.model.evaluate(_repeat(batches), steps=len(batches), verbose=0,
+                                         return_dict=True)
+            values = np.array([float(result.get(n, np.nan)) for n in names]) * rows
+        total = np.asarray(self.hvd.allreduce(np.append(values, rows), op=self.hvd.Sum,
+                                              name=f"estimator.val.{epoch}"), np.float64)
+        for name, value in zip(names, total[:-1]):
+            if total[-1] and not np.isnan(value):  # a metric evaluate() does not report
+                logs[f"val_{name}"] = float(value / total[-1])
+
+
+def _repeat(batches: List[tuple]) -> Iterator[tuple]:
+    while True:
+        yield from batches
+
+
+class _EpochEnd(keras.callbacks.Callback):
+    """Last at each epoch's end: the history, the progress line, rank 0's checkpoint."""
+
+    def __init__(self, spec: TrainSpec, history: Dict[str, List[float]], progress: Progress,
+                 rank: int):
+        super().__init__()
+        self.spec, self.history, self.progress, self.rank = spec, history, progress, rank
+        self.began = time.perf_counter()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.began = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        metrics = {k: float(v) for k, v in (logs or {}).items() if np.ndim(v) == 0}
+        append_history(self.history, metrics)
+        self.progress.epoch_done(epoch, metrics, time.perf_counter() - self.began)
+        if self.rank == 0:
+            _save_checkpoint(self.spec, self.model, epoch, self.history)
+
+
+def _save_checkpoint(spec: TrainSpec, model, epoch: int, history: Dict[str, List[float]]):
+    """weights and optimizer variables (npz, no pickles) + epoch and history (json)."""
+    arrays = {f"w{i}": w for i, w in enumerate(model.get_weights())}
+    arrays.update({f"o{i}": np.asarray(v) for i, v in enumerate(model.optimizer.variables)})
+    meta = json.dumps({"epoch": epoch, "history": history}).encode()
+    buf = io.BytesIO()
+    np.savez(buf, meta=np.frombuffer(meta, np.uint8), **arrays)
+    spec.store.save_checkpoint(spec.run_id, epoch, buf.getvalue(), history)
+
+
+def _resume(hvd, spec: TrainSpec, model, opt, rank: int):
+    """(first epoch to run, history so far); rank 0 restores the newest checkpoint."""
+    state = (0, {})
+    if rank == 0:
+        found = spec.store.latest_checkpoint(spec.run_id)
+        if found is not None:
+            epoch, blob = found
+            with np.load(io.BytesIO(blob), allow_pickle=False) as z:
+                meta = json.loads(z["meta"].tobytes())
+                weights = [z[f"w{i}"] for i in range(sum(k.startswith("w") for k in z.files))]
+                opt_vars = [z[f"o{i}"] for i in range(sum(k.startswith("o") for k in z.files))]
+            try:
+                model.set_weights(weights)
+                if len(opt_vars) != len(opt.variables):
+                    raise ValueError(f"{len(opt_vars)} optimizer variables saved, "
+                                     f"{len(opt.variables)} now")
+                for var, value in zip(opt.variables, opt_vars):
+                    var.assign(value)
+            except ValueError as exc:
+                raise ValueError(
+                    f"cannot resume run {spec.run_id!r} from "
+                    f"{spec.store.checkpoint_path(spec.run_id, epoch)}: the checkpoint does "
+                    f"not fit this model and optimizer ({exc}); use a new run_id") from exc
+            state = (meta["epoch"] + 1, meta["history"])
+            if spec.verbose:
+                print(f"resuming run {spec.run_id!r} after epoch {epoch + 1}", flush=True)
+    return hvd.broadcast_object(state, root_rank=0)

@@ -1,0 +1,95 @@
+"""KerasEstimator and KerasModel: a Keras 3 model trained with Spark ML's API.
+
+    est = KerasEstimator(num_proc=2, model=model, optimizer=keras.optimizers.Adam(1e-3),
+                         loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+                         feature_cols=["features"], label_cols=["label"], epochs=10)
+    model = est.fit(df)              # a KerasModel
+    model.transform(test_df)         # adds "label__output"
+
+The model takes one input per feature column and returns one output per label
+column (see ``_keras_io``).  It travels to the ranks as a ``.keras`` file (built
+on the driver by the dry run); the optimizer as its Keras config (or a factory
+called with no arguments); losses, metrics and callbacks by cloudpickle.  Give
+``custom_objects`` for custom layers, as for ``keras.saving.load_model``.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+from horovod_spark.estimator import _keras_io
+from horovod_spark.estimator._estimator import DistributedEstimator
+from horovod_spark.estimator.model import EstimatorModel
+from horovod_spark.estimator.params import _declare
+
+__all__ = ["KerasEstimator", "KerasModel"]
+
+
+def _train_fn(spec, directory):
+    """The rank body; imported there, so the driver need not import it at class creation."""
+    from horovod_spark.estimator._train_keras import train
+
+    return train(spec, directory)
+
+
+class KerasModel(EstimatorModel):
+    """A trained Keras model as a Spark ML Model; ``getModel()`` is the keras.Model."""
+
+    _make_predictor = staticmethod(_keras_io.make_predictor)
+
+    def getModel(self):
+        """The trained keras.Model (a fresh copy, not compiled)."""
+        if self._model_bytes is None:
+            raise ValueError("KerasModel has no trained model")
+        return _keras_io.loads_model(self._model_bytes)
+
+    @classmethod
+    def from_keras(cls, model: Any, custom_objects: Any = None, **params: Any) -> "KerasModel":
+        """A KerasModel over an already trained (built) keras.Model."""
+        return cls(model_bytes=_keras_io.dumps_model(model, custom_objects), **params)
+
+
+class KerasEstimator(DistributedEstimator):
+    """Trains a Keras model on the ranks of one barrier stage; ``fit`` returns a KerasModel."""
+
+    _required = ("model", "optimizer", "loss", "feature_cols", "label_cols")
+    _train_fn = staticmethod(_train_fn)
+    _model_class = KerasModel
+
+    def _dry_run(self, values: Dict[str, Any], sample: Dict[str, Any]) -> List[List[int]]:
+        _check_keras_objects(values)
+        if values["transformation_fn"] is not None:
+            sample = values["transformation_fn"](dict(sample))
+        return _keras_io.dry_run(values["model"], values["loss"], values["feature_cols"],
+                                 values["label_cols"], sample, values["sample_weight_col"])
+
+    def _user_objects(self, values: Dict[str, Any], output_shapes: List[List[int]]) -> bytes:
+        import cloudpickle
+        import keras
+
+        optimizer = values["optimizer"]
+        if isinstance(optimizer, keras.optimizers.Optimizer):
+            optimizer = keras.optimizers.serialize(optimizer)
+        custom = values["custom_objects"] or {}
+        return cloudpickle.dumps({
+            "model": _keras_io.dumps_model(values["model"], custom), "optimizer": optimizer,
+            "loss": values["loss"], "metrics": values["metrics"],
+            "callbacks": values["callbacks"], "custom_objects": custom,
+            "transformation_fn": values["transformation_fn"],
+            "output_shapes": output_shapes})
+
+
+_declare(KerasEstimator, {
+    "custom_objects": ("custom layers, losses and metrics by name, for loading the model on "
+                       "the ranks and the executors", lambda v: v, None),
+})
+
+
+def _check_keras_objects(values: Dict[str, Any]) -> None:
+    import keras
+
+    if not isinstance(values["model"], keras.Model):
+        raise TypeError(f"model must be a keras.Model, got {type(values['model']).__name__}")
+    optimizer = values["optimizer"]
+    if not isinstance(optimizer, (keras.optimizers.Optimizer, str)) and not callable(optimizer):
+        raise TypeError(f"optimizer must be a Keras optimizer, its name, or a factory, "
+                        f"got {type(optimizer).__name__}")
