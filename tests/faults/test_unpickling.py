@@ -42,6 +42,12 @@ REVIEWED = {
     ("horovod_spark/estimator/_launch.py", "_stage"): SPARK,
     ("horovod_spark/estimator/_torch_io.py", "loads_model"): "the model the user's own job pickled, "
                                                             "from a Spark broadcast or the user's Store",
+    ("horovod_spark/estimator/_keras_io.py", "loads_model"): "the Keras model the user's own job "
+                                                            "pickled, from a Spark broadcast or the "
+                                                            "user's Store",
+    ("horovod_spark/estimator/_train_keras.py", "_fit"): "the estimator's spec, shipped by the "
+                                                         "driver inside the barrier stage (Spark's "
+                                                         "task channel)",
     ("horovod_spark/torch/functions.py", "broadcast_object"): MESH,
     ("horovod_spark/torch/functions.py", "allgather_object"): MESH,
     ("horovod_spark/tensorflow/_kernels.py", "broadcast_object"): MESH,
