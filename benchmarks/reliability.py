@@ -206,6 +206,8 @@ def soak(total: int) -> dict:
         return {"error": str(out.error)[:500]}
     return {"allreduces per rank": out.value[0]["count"], "ranks": 3, "seconds": round(time.monotonic() - t0, 1),
             "wrong": sum(r["wrong"] for r in out.value),
+            "float32 digests": len({r["float_digest"] for r in out.value}),
+            "float32 worst": max(r["float_worst"] for r in out.value),
             "distinct digests": len({r["digest"] for r in out.value}),
             "rss growth KiB (per rank)": [(r["rss"][-1] - r["rss"][0]) >> 10 for r in out.value],
             "rss MiB at the end": [r["rss"][-1] >> 20 for r in out.value]}

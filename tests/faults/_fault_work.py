@@ -39,14 +39,43 @@ def soak_batch(rng, size, batch, max_elems, fixed):
     return out
 
 
-def soak(total, batch, seed, max_elems=4096):
-    """`total` fused allreduces (SUM) through horovod_spark.torch, in batches.
+def _exact_batch(hvd, torch, rank, items, digest) -> int:
+    """Allreduce one batch asynchronously; returns how many results differ from numpy."""
+    tensors = [torch.from_numpy(v[rank]).to(getattr(torch, dt)) for _, dt, v in items]
+    handles = [hvd.allreduce_async(t, name=name, op=hvd.Sum)
+               for (name, _, _), t in zip(items, tensors)]
+    wrong = 0
+    for (_, dt, vals), h in zip(items, handles):
+        out = hvd.synchronize(h)
+        want = torch.from_numpy(vals.sum(axis=0)).to(getattr(torch, dt))
+        wrong += int(out.dtype != want.dtype or not torch.equal(out, want))
+        digest.update(out.view(torch.uint8).numpy().tobytes() if out.numel() else b"")
+    return wrong
+
+
+def _rounded_floats(hvd, torch, rank, size, rng, steps, digest, nelem=1000) -> float:
+    """float32 sums that round: the worst distance from numpy's float64 sum."""
+    worst = 0.0
+    for step in range(0, steps, 10):
+        vals = rng.standard_normal((10, size, nelem)).astype(np.float32)
+        handles = [hvd.allreduce_async(torch.from_numpy(vals[i, rank].copy()), name=f"f{i}",
+                                       op=hvd.Sum) for i in range(10)]
+        for i, h in enumerate(handles):
+            out = hvd.synchronize(h).numpy()
+            digest.update(out.tobytes())
+            worst = max(worst, float(np.abs(out - vals[i].astype(np.float64).sum(0)).max()))
+    return worst
+
+
+def soak(total, batch, seed, max_elems=4096, float_steps=300):
+    """`total` fused allreduces (SUM) through horovod_spark.torch, in batches, then
+    `float_steps` allreduces of random float32 (sums that round).
 
     Every rank draws the same batches, so it knows the exact answer: integer
-    values whose sums every dtype represents exactly.  Returns a digest of
-    every result (equal on every rank iff the results are bit-identical), the
-    number that differ from numpy, and the RSS after the first tenth and at
-    the end.
+    values whose sums every dtype represents exactly.  Returns digests of every
+    result (equal on every rank iff the results are bit-identical), the number
+    that differ from numpy, the worst float32 error, and the RSS after the first
+    tenth and at the end of the exact part.
     """
     import hashlib
 
@@ -59,38 +88,15 @@ def soak(total, batch, seed, max_elems=4096):
     rng, digest, wrong, rss = np.random.default_rng(seed), hashlib.sha256(), 0, []
     batches, fixed = total // batch, soak_shapes(seed, batch, max_elems)
     for b in range(batches):
-        items = soak_batch(rng, size, batch, max_elems, fixed)
-        tensors = [torch.from_numpy(v[rank]).to(getattr(torch, dt)) for _, dt, v in items]
-        handles = [hvd.allreduce_async(t, name=name, op=hvd.Sum)
-                   for (name, _, _), t in zip(items, tensors)]
-        for (_, dt, vals), h in zip(items, handles):
-            out = hvd.synchronize(h)
-            want = torch.from_numpy(vals.sum(axis=0)).to(getattr(torch, dt))
-            wrong += int(out.dtype != want.dtype or not torch.equal(out, want))
-            digest.update(out.view(torch.uint8).numpy().tobytes() if out.numel() else b"")
+        wrong += _exact_batch(hvd, torch, rank, soak_batch(rng, size, batch, max_elems, fixed),
+                              digest)
         if b == batches // 10 or b == batches - 1:
             rss.append(psutil.Process().memory_info().rss)
+    floats = hashlib.sha256()
+    worst = _rounded_floats(hvd, torch, rank, size, rng, float_steps, floats)
     hvd.shutdown()
-    return {"digest": digest.hexdigest(), "wrong": wrong, "count": batches * batch, "rss": rss}
-
-
-def soak_random_floats(steps, seed, nelem=1000):
-    """Non-integer float32 sums: every rank must get the same bits; numpy within rounding."""
-    import hashlib
-
-    import horovod_spark.torch as hvd
-    import torch
-
-    hvd.init()
-    rank, size = hvd.rank(), hvd.size()
-    rng, digest, worst = np.random.default_rng(seed), hashlib.sha256(), 0.0
-    for step in range(steps):
-        vals = rng.standard_normal((size, nelem)).astype(np.float32)
-        out = hvd.allreduce(torch.from_numpy(vals[rank].copy()), name=f"f{step % 7}", op=hvd.Sum)
-        digest.update(out.numpy().tobytes())
-        worst = max(worst, float(np.abs(out.numpy() - vals.astype(np.float64).sum(0)).max()))
-    hvd.shutdown()
-    return {"digest": digest.hexdigest(), "worst": worst}
+    return {"digest": digest.hexdigest(), "wrong": wrong, "count": batches * batch, "rss": rss,
+            "float_digest": floats.hexdigest(), "float_worst": worst}
 
 
 # --------------------------------------------------------------------------- restarts

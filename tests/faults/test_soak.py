@@ -5,8 +5,9 @@ the response cache) while the other half change every batch (negotiated).
 
 Values are small integers, so every dtype's sum is exact whatever the order of
 reduction: each result must equal numpy's bit for bit, and every rank must get
-the same bits.  Resident memory must stay flat (the figure is reported in
-benchmarks/RELIABILITY.md; the bound here is generous).
+the same bits.  Then 300 float32 sums that do round must still be the same bits
+on every rank, and within 1e-5 of numpy's float64 sum.  Resident memory must stay
+flat (the figure is in benchmarks/RELIABILITY.md; the bound here is generous).
 """
 from __future__ import annotations
 
@@ -30,12 +31,5 @@ def test_ten_thousand_fused_allreduces_are_bit_identical_across_ranks_and_equal_
     assert len({r["digest"] for r in out.value}) == 1, "ranks got different bits"
     growth = max(r["rss"][-1] - r["rss"][0] for r in out.value)
     assert growth < RSS_BOUND, f"a rank's RSS grew {growth >> 20} MiB over the soak"
-
-
-@pytest.mark.slow
-def test_rounded_float32_sums_are_bit_identical_across_ranks(fault):
-    out = kit.run_local_job(work.soak_random_floats, 3, args=(300, SEED), env=fault.env(),
-                            outdir=fault.outdir, timeout=300)
-    assert out.error is None, out.error
-    assert len({r["digest"] for r in out.value}) == 1, "ranks got different bits"
-    assert max(r["worst"] for r in out.value) < 1e-5
+    assert len({r["float_digest"] for r in out.value}) == 1, "rounded float32 sums differ in bits"
+    assert max(r["float_worst"] for r in out.value) < 1e-5
