@@ -1,0 +1,216 @@
+"""The driver side of the progress display: records in, one tqdm bar out.
+
+See `horovod_spark.progress` for the record and the terms.  A `Display` sits in
+front of the stream the output pumps write rank lines to (`Display.stream`):
+lines that carry PROGRESS_MARK are records, taken out and rendered; every other
+line passes through, with the bar cleared off the terminal line and redrawn
+around it.  The bar's position is the lead rank's (the lowest that reports);
+its rates are over every rank (see `_window_rates`).
+"""
+from __future__ import annotations
+
+import collections
+import json
+import math
+import re
+import sys
+import threading
+from typing import Any
+
+from .progress import PROGRESS_MARK, WINDOW, _CALLBACK_MARK, _POSITION, ENABLED
+
+__all__ = ["Display"]
+
+_LABEL = re.compile(r"^(.*?\[\d+\]<\w+>:)?(.*)$", re.S)
+
+
+def _bar_class():
+    """tqdm.auto's choice, without its warning where a notebook lacks ipywidgets."""
+    import importlib.util
+
+    if importlib.util.find_spec("ipywidgets") is None:
+        from tqdm.std import tqdm
+    else:
+        from tqdm.auto import tqdm
+    return tqdm
+
+
+def _valid(rec: Any) -> bool:
+    if not isinstance(rec, dict) or not isinstance(rec.get("rank"), int) or rec["rank"] < 0:
+        return False
+    for key in ("t", "done", "samples", "allreduce_s") + _POSITION:
+        v = rec.get(key, 0)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            return False
+    return True
+
+
+class Display:
+    """One progress bar per job on the driver, fed by the ranks' records.
+
+    Args:
+        verbose: 0 shows nothing and asks the ranks for no records.
+        file: where the bar goes (default: sys.stderr as it is now, in this thread).
+        desc: the bar's label before the first epoch is known.
+    """
+
+    def __init__(self, verbose: int = 1, file=None, desc: str = "training") -> None:
+        self.enabled = verbose >= 1
+        self.env = ENABLED if self.enabled else ()
+        self._file = file if file is not None else sys.stderr
+        self._desc = desc
+        self._lock = threading.RLock()
+        self._ranks: dict = {}       # rank -> deque of its recent records
+        self._bar = None
+        self.records = 0             # records taken in (for tests and summaries)
+        self.dropped = 0             # lines with the mark that did not parse
+
+    def stream(self, target=None, default: str = "stdout") -> "_RoutingStream":
+        """A stream for rank lines: records go to the bar, the rest to `target` (default:
+        sys.<default>, looked up at each write, so a notebook cell gets its lines)."""
+        return _RoutingStream(self, target, default)
+
+    def feed_line(self, text: str) -> None:
+        """Take one record line (the text after PROGRESS_MARK)."""
+        try:
+            rec = json.loads(text)
+        except ValueError:
+            rec = None
+        if not _valid(rec):
+            self.dropped += 1
+            return
+        with self._lock:
+            recent = self._ranks.setdefault(rec["rank"], collections.deque(maxlen=256))
+            recent.append(rec)
+            self.records += 1
+            if self.enabled:
+                try:
+                    self._render()
+                except Exception:  # a display problem never fails the job
+                    self.enabled = False
+
+    def rates(self) -> tuple:
+        """(samples per second over every rank, mean allreduce share, 0..1) right now."""
+        with self._lock:
+            per_rank = [_window_rates(r) for r in self._ranks.values()]
+        samples = sum(p[0] for p in per_rank)
+        shares = [p[1] for p in per_rank if p[1] is not None]
+        return samples, (sum(shares) / len(shares) if shares else None)
+
+    def _lead(self) -> dict:
+        return self._ranks[min(self._ranks)][-1]
+
+    def _render(self) -> None:
+        total, n, desc = _position(self._lead(), self._desc)
+        bar = self._bar
+        if bar is None:
+            bar = self._bar = _bar_class()(total=total, desc=desc, unit="step", file=self._file,
+                                           leave=True, dynamic_ncols=True, mininterval=0.2)
+        elif total != bar.total:
+            bar.reset(total=total)
+        bar.set_description_str(desc, refresh=False)
+        bar.set_postfix_str(self._postfix(), refresh=False)
+        if n < bar.n:  # a new epoch on a bar per epoch
+            bar.reset(total=total)
+        bar.update(n - bar.n)
+
+    def _postfix(self) -> str:
+        samples, share = self.rates()
+        parts = []
+        loss = self._lead().get("loss")
+        if loss is not None:
+            parts.append(f"loss {loss:.4g}")
+        if samples > 0:
+            parts.append(f"{samples:,.0f} samples/s")
+        if share is not None:
+            parts.append(f"allreduce {100 * min(share, 1.0):.0f}%")
+        return ", ".join(parts)
+
+    def clear(self) -> None:
+        """Take the bar off the terminal line before other output is written."""
+        if self._bar is not None:
+            try:
+                self._bar.clear()
+            except Exception:
+                pass
+
+    def refresh(self) -> None:
+        if self._bar is not None:
+            try:
+                self._bar.refresh()
+            except Exception:
+                pass
+
+    def close(self) -> None:
+        with self._lock:
+            bar, self._bar = self._bar, None
+        if bar is not None:
+            try:
+                bar.refresh()
+                bar.close()
+            except Exception:
+                pass
+
+    def __enter__(self) -> "Display":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _window_rates(recent) -> tuple:
+    """(samples/s, allreduce share or None) of one rank over its last WINDOW seconds."""
+    last = recent[-1]
+    first = next((r for r in recent if last["t"] - r["t"] <= WINDOW), last)
+    if first is last:
+        span, samples, ar = last["t"], last["samples"], last["allreduce_s"]
+    else:
+        span = last["t"] - first["t"]
+        samples, ar = last["samples"] - first["samples"], last["allreduce_s"] - first["allreduce_s"]
+    if span <= 0:
+        return 0.0, None
+    return samples / span, ar / span
+
+
+def _position(rec: dict, desc: str) -> tuple:
+    """(bar total, bar position, label) from the lead rank's record."""
+    epoch, epochs, step, steps = (rec.get(k) for k in _POSITION)
+    if epoch is not None:
+        desc = f"epoch {epoch + 1}" + (f"/{epochs}" if epochs else "")
+    if steps and epochs and epoch is not None:
+        return steps * epochs, epoch * steps + (step or 0), desc
+    if steps:
+        return steps, step or 0, desc
+    return None, rec.get("done", 0), desc
+
+
+class _RoutingStream:
+    """What the output pumps write rank lines to: records to the display, the rest on."""
+
+    def __init__(self, display: Display, target=None, default: str = "stdout") -> None:
+        self.display, self._target, self._default = display, target, default
+
+    def _out(self):
+        return self._target if self._target is not None else getattr(sys, self._default)
+
+    def write(self, text: str) -> int:
+        if PROGRESS_MARK in text:
+            head, _, rest = text.partition(PROGRESS_MARK)
+            self.display.feed_line(rest.strip())
+            label, own = _LABEL.match(head.replace(_CALLBACK_MARK, "")).groups()
+            if not own.strip():
+                return len(text)
+            text = (label or "") + own + "\n"  # the start of a line the rank left unfinished
+        with self.display._lock:
+            self.display.clear()
+            out = self._out()
+            out.write(text)
+            out.flush()
+            self.display.refresh()
+        return len(text)
+
+    def flush(self) -> None:
+        self._out().flush()
+
+    def isatty(self) -> bool:
+        return bool(getattr(self._out(), "isatty", lambda: False)())

@@ -1,0 +1,292 @@
+"""The progress display: where the ranks are, as one bar per job on the driver.
+
+Terms.  A *record* is one line a rank writes on its stdout: PROGRESS_MARK, then
+a JSON object (never a pickle) with the rank's *totals* so far: steps done,
+samples, seconds inside allreduce, and its *position* (epoch, step in the
+epoch, steps per epoch, epochs).  Totals are cumulative, so a dropped record
+loses nothing but a moment of display.  Records ride the channels that rank
+output already takes to the driver: the pipes of the local launcher, and under
+Spark the task's authenticated log channel, as a `log_to_driver` line (so they
+pass whatever `driver_log_verbosity` says).
+
+Rank side.  `report(...)`, called once per step in a training loop, updates
+the totals and writes a record at most every MIN_INTERVAL seconds, and always
+at the last step of an epoch.  It does nothing unless the driver asked for
+progress (HVS_PROGRESS=1 in the rank environment: verbose >= 1), so a plain
+`python train.py` or an `mpiexec` run prints no records.  `Tracked` wraps the
+job's function on the ranks: when that function never calls `report`, a hook
+on every `hvd.DistributedOptimizer` step (torch's global optimizer step hook)
+counts the steps, and the fusion engine's metrics give the seconds inside
+allreduce; `FitTracked` adds the estimator's batch size and steps per epoch.
+
+Driver side.  A `Display` sits in front of the stream the rank lines are
+written to (`Display.stream`): it takes records out, passes every other line
+through, and renders one tqdm bar (`tqdm.auto`: a widget in a notebook with
+ipywidgets, text elsewhere).  *Throughput* is the sum over ranks of each
+rank's samples per second over its last WINDOW seconds; the *allreduce share*
+is the mean over ranks of their seconds in allreduce per second over the
+same window.  A record that does not parse is dropped, and no display error
+reaches the job: a broken channel never fails it.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import threading
+import time
+from typing import Any, Callable, Optional
+
+__all__ = ["report", "Display", "Tracked", "FitTracked", "PROGRESS_MARK", "ENABLED"]
+
+PROGRESS_MARK = "\x1ehvs-progress\x1e"
+#: What a job adds to its ranks' environment to turn records on.
+ENABLED = (("HVS_PROGRESS", "1"),)
+MIN_INTERVAL = 0.25   # seconds between two records of one rank (epoch ends excepted)
+WINDOW = 5.0          # seconds of records the rates are computed over
+_CALLBACK_MARK = "\x1ehvs-log\x1e"  # horovod_spark._output.CALLBACK_MARK (kept import-free)
+_POSITION = ("epoch", "epochs", "step", "steps")
+
+
+# --------------------------------------------------------------------------- rank side
+
+class _Totals:
+    """This rank's totals and position; one per process."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.rank = int(os.environ.get("HVS_RANK", "0") or 0)
+        self.t0 = time.monotonic()
+        self.done, self.samples, self.allreduce_s = 0, 0, 0.0
+        self.position: dict = {}
+        self.loss: Optional[float] = None
+        self.emitted = -math.inf
+        self.explicit = False          # report() was called: the step hook stands aside
+        self.samples_per_step = 0      # the hook's samples per optimizer step (FitTracked)
+        self.steps_per_epoch: Optional[int] = None
+        self.epochs: Optional[int] = None
+        self._engine_seen = 0.0        # the engine's collective_s when last read
+
+
+_totals: Optional[_Totals] = None
+_totals_lock = threading.Lock()
+
+
+def _rank_totals() -> Optional[_Totals]:
+    global _totals
+    if os.environ.get("HVS_PROGRESS") != "1":
+        return None
+    with _totals_lock:
+        if _totals is None:
+            _totals = _Totals()
+        return _totals
+
+
+def _engine_seconds(s: _Totals) -> float:
+    """Seconds horovod_spark.torch's engine spent in collectives since the last call."""
+    state = sys.modules.get("horovod_spark.torch._state")
+    if state is None or not state.is_initialized():
+        return 0.0
+    try:
+        now = float(state.engine().metrics().get("collective_s", 0.0))
+    except Exception:  # shut down between the check and the read
+        return 0.0
+    delta = now - s._engine_seen if now >= s._engine_seen else now  # a metrics reset
+    s._engine_seen = now
+    return delta
+
+
+def _record(s: _Totals, final: bool = False) -> str:
+    rec = {"rank": s.rank, "t": round(time.monotonic() - s.t0, 4), "done": s.done,
+           "samples": s.samples, "allreduce_s": round(s.allreduce_s, 6), "final": final}
+    rec.update(s.position)
+    if s.loss is not None and math.isfinite(s.loss):
+        rec["loss"] = s.loss
+    s.emitted = time.monotonic()
+    return json.dumps(rec, separators=(",", ":"))
+
+
+def _due(s: _Totals, force: bool) -> Optional[str]:
+    if force or time.monotonic() - s.emitted >= MIN_INTERVAL:
+        return _record(s)
+    return None
+
+
+def _write(line: Optional[str]) -> None:
+    """One whole line on fd 1: not through sys.stdout, which user code may swap or buffer."""
+    if line is None:
+        return
+    lead = _CALLBACK_MARK if os.environ.get("HVS_LOG_CALLBACK") == "1" else ""
+    data = (lead + PROGRESS_MARK + line + "\n").encode()
+    try:
+        while data:
+            data = data[os.write(1, data):]
+    except OSError:  # a broken channel never fails the job
+        pass
+
+
+def _number(name: str, value: Any, kind=(int, float)) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, kind):
+        try:
+            value = float(value) if kind != int else int(value)  # torch / numpy scalars
+        except (TypeError, ValueError):
+            raise TypeError(f"progress.report: {name} must be a number, got "
+                            f"{type(value).__name__}") from None
+    if value < 0:
+        raise ValueError(f"progress.report: {name} must be >= 0, got {value!r}")
+    return value
+
+
+def report(*, epoch: Optional[int] = None, step: Optional[int] = None,
+           steps: Optional[int] = None, samples: Optional[int] = None,
+           allreduce_time: Optional[float] = None, loss: Optional[float] = None,
+           epochs: Optional[int] = None) -> None:
+    """Tell the driver's progress display where this rank is; call it once per step.
+
+    Args:
+        epoch: the current epoch, counted from 0 (as `range(epochs)` gives it).
+        step: the step just finished in this epoch, counted from 0 (as `enumerate`).
+        steps: steps per epoch.  epochs: epochs in the job.
+        samples: samples this rank processed in this step; the driver adds up every rank's.
+        allreduce_time: seconds this rank spent in allreduce in this step; by default
+            what horovod_spark.torch's engine measured, when it is initialized.
+        loss: the latest loss, shown as it is.
+
+    A no-op unless the driver shows progress (verbose >= 1); never raises for a
+    channel problem.
+
+    Raises:
+        TypeError / ValueError: an argument that is not a number >= 0.
+    """
+    ints = {k: _number(k, v, int) for k, v in
+            (("epoch", epoch), ("step", step), ("steps", steps), ("epochs", epochs))}
+    samples = _number("samples", samples, int)
+    allreduce_time = _number("allreduce_time", allreduce_time)
+    loss = None if loss is None else float(loss)
+    s = _rank_totals()
+    if s is None:
+        return
+    with s.lock:
+        if not s.explicit:  # steps the hook counted before the first report() are not steps
+            s.explicit, s.done = True, 0
+        if step is not None:
+            s.done += 1
+            ints["step"] = step + 1
+        s.samples += samples or 0
+        s.allreduce_s += allreduce_time if allreduce_time is not None else _engine_seconds(s)
+        s.loss = loss if loss is not None else s.loss
+        epoch_changed = epoch is not None and s.position.get("epoch") != epoch
+        s.position.update({k: v for k, v in ints.items() if v is not None})
+        at_end = step is not None and steps is not None and step + 1 >= steps
+        line = _due(s, epoch_changed or at_end)
+    _write(line)
+
+
+def _is_distributed(optimizer) -> bool:
+    mod = sys.modules.get("horovod_spark.torch.optimizer")
+    return mod is not None and isinstance(optimizer, mod._DistributedOptimizer)
+
+
+def _on_step(optimizer, _args, _kwargs) -> None:
+    """torch's global optimizer step post-hook: one hvd.DistributedOptimizer step is done."""
+    s = _totals
+    try:
+        if s is None or s.explicit or not _is_distributed(optimizer):
+            return
+        with s.lock:
+            s.done += 1
+            s.samples += s.samples_per_step
+            s.allreduce_s += _engine_seconds(s)
+            at_end = False
+            if s.steps_per_epoch:
+                epoch, step = divmod(s.done - 1, s.steps_per_epoch)
+                s.position.update(epoch=epoch, step=step + 1, steps=s.steps_per_epoch)
+                at_end = step + 1 == s.steps_per_epoch
+            if s.epochs:
+                s.position["epochs"] = s.epochs
+            # the first step waits: a report() right after it makes the job explicit
+            line = _due(s, at_end) if s.done > 1 or at_end else None
+        _write(line)
+    except Exception:  # a display problem never fails a training step
+        pass
+
+
+class _StepHook:
+    """Registers _on_step with torch as soon as the job has imported torch."""
+
+    def __init__(self) -> None:
+        self.handle = None
+        self.stop = threading.Event()
+        if not self._try_register():
+            threading.Thread(target=self._watch, name="hvs-progress", daemon=True).start()
+
+    def _try_register(self) -> bool:
+        optim = sys.modules.get("torch.optim.optimizer")
+        if optim is None or not hasattr(optim, "register_optimizer_step_post_hook"):
+            return False
+        self.handle = optim.register_optimizer_step_post_hook(_on_step)
+        return True
+
+    def _watch(self) -> None:
+        while not self.stop.wait(0.05):
+            try:
+                if self._try_register():
+                    return
+            except Exception:
+                return
+
+    def remove(self) -> None:
+        self.stop.set()
+        if self.handle is not None:
+            self.handle.remove()
+
+
+class Tracked:
+    """The job's function as the ranks run it, with the automatic step hook.
+
+    Picklable when `fn` is; returns what `fn` returns and raises what it raises.
+    """
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    def _configure(self, s: _Totals, args: tuple) -> None:
+        """What the hook cannot see for itself (samples per step, steps per epoch)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        s = _rank_totals()
+        if s is None:
+            return self.fn(*args, **kwargs)
+        try:
+            self._configure(s, args)
+            hook = _StepHook()
+        except Exception:
+            hook = None
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            if hook is not None:
+                hook.remove()
+            with s.lock:
+                line = _record(s, final=True) if s.done else None
+            _write(line)
+
+
+class FitTracked(Tracked):
+    """An estimator's rank function `fn(spec: TrainSpec, directory)`, tracked."""
+
+    def _configure(self, s: _Totals, args: tuple) -> None:
+        from horovod_spark.estimator._reader import steps_per_epoch
+
+        spec = args[0]
+        k = max(int(spec.backward_passes_per_step), 1)
+        batches = steps_per_epoch(spec.train_rows, spec.batch_size, k)
+        s.steps_per_epoch = max(batches // k, 1)
+        s.samples_per_step = int(spec.batch_size) * k
+        s.epochs = int(spec.epochs)
+
+
+from ._progress_display import Display  # noqa: E402  (the driver side)
