@@ -18,6 +18,7 @@ import base64
 import dataclasses
 import functools
 import os
+import re
 import signal
 import sys
 import uuid
@@ -35,7 +36,7 @@ GRACE = 1.0          # seconds to wait for the root cause while only lost-peer e
 SHORT_GRACE = 0.25   # ... while the best record is a rank that died without a word
 DRAIN = 5.0          # seconds to wait for the last output lines of every rank
 _COMM_ERRORS = ("PeerLostError", "CollectiveTimeout")
-_DEATHS = ("ProcessDied", "ProcessExited")
+_DEATHS = ("ProcessDied", "ProcessExited", "SparkTaskFailed")
 
 
 class JobFailedError(RuntimeError):
@@ -119,11 +120,21 @@ def root_cause(records: list) -> dict:
     return min(enumerate(unique), key=lambda ir: (_priority(ir[1]), ir[0]))[1]
 
 
+_BARRIER_TASK = re.compile(r"barrier task ResultTask\(\d+, (\d+)\) finished unsuccessfully")
+
+
 def _spark_record(text: str, np_: int) -> dict:
-    """A record for a failure no rank reported: lost executor, result size, Spark itself."""
-    first = next((ln.strip() for ln in text.splitlines() if "Exception" in ln or "aborted" in ln),
-                 text.strip().splitlines()[0] if text.strip() else "unknown Spark failure")
-    rec = {"rank": None, "size": np_, "error_type": "SparkJobFailed", "message": first[:2000]}
+    """A record for a failure no rank reported: a crashed task, a lost executor, Spark itself."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("\t")]
+    lines = [ln.lstrip(": ") for ln in lines if not ln.startswith("An error occurred while calling")]
+    task = _BARRIER_TASK.search(text)
+    # Spark's headline says "stage failure"; the line after it says why (the crash, the loss)
+    cause = next((ln for ln in lines[1:] if "Exception" in ln or "Error" in ln), None)
+    message = cause or (lines[0] if lines else "unknown Spark failure")
+    rec = {"rank": int(task.group(1)) if task else None, "size": np_,
+           "error_type": "SparkTaskFailed" if task else "SparkJobFailed",
+           "message": message[:2000], "hint": "the task itself failed, not the training function; "
+                                              "see the executor's log"}
     if "maxResultSize" in text:
         rec.update(error_type="ResultTooLarge", hint="the ranks' results together are over "
                    "spark.driver.maxResultSize; return less (a path to a saved model) or raise it")
@@ -131,19 +142,21 @@ def _spark_record(text: str, np_: int) -> dict:
 
 
 def failure_of(server: Optional[LogServer], exc: BaseException, np_: int) -> dict:
+    """The root cause of a failed attempt, from the log channel and Spark's exception text."""
     text = str(exc)
-    markers = parse_failure_markers(text)
-    if server is not None:
-        def best() -> int:
-            return min((_priority(r) for r in list(server.failures) + markers), default=9)
+    spark = _spark_record(text, np_)
+    known = parse_failure_markers(text) + ([spark] if spark["rank"] is not None else [])
+    if server is None:
+        return root_cause(known) if known else spark
 
-        server.wait(lambda: len(server.failures) >= np_ or best() <= 1, GRACE)
-        server.wait(lambda: len(server.failures) >= np_ or best() == 0,
-                    SHORT_GRACE if best() == 1 else 0)
-        records = list(server.failures) + markers
-    else:
-        records = markers
-    return root_cause(records) if records else _spark_record(text, np_)
+    def best() -> int:
+        return min((_priority(r) for r in list(server.failures) + known), default=9)
+
+    server.wait(lambda: len(server.failures) >= np_ or best() <= 1, GRACE)
+    server.wait(lambda: len(server.failures) >= np_ or best() == 0,
+                SHORT_GRACE if best() == 1 else 0)
+    records = list(server.failures) + known
+    return root_cause(records) if records else spark
 
 
 # --------------------------------------------------------------------------- running

@@ -149,6 +149,22 @@ def test_os_exit_3_in_a_rank_is_named_with_its_exit_status(spark):
     assert wait_until_no_rank_processes(tag) == []
 
 
+def test_a_crashed_task_is_named_and_its_rank_process_dies_with_it(spark):
+    def kills_its_task():
+        import os
+        import signal
+        import time
+        if os.environ["HVS_RANK"] == "1":
+            os.kill(os.getppid(), signal.SIGKILL)  # the PySpark worker running rank 1's task
+        time.sleep(60)
+
+    tag = new_tag()
+    with pytest.raises(JobFailedError, match=r"rank 1/2: SparkTaskFailed: .*Python worker exited "
+                                             r"unexpectedly.*see the executor's log"):
+        horovod_spark.run(kills_its_task, num_proc=2, env={"HVS_TEST_TAG": tag})
+    assert wait_until_no_rank_processes(tag) == []
+
+
 def test_max_restarts_reruns_every_rank_after_a_failure(spark, tmp_path):
     def fails_once(flag_dir):
         import os

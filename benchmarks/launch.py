@@ -1,0 +1,134 @@
+"""Launch overhead: horovod_spark.run vs PySpark's TorchDistributor on one warm session.
+
+    python benchmarks/launch.py [--np 2] [--reps 7] [--master local[2]]
+
+Two cases, each timed end to end on the driver (submit, start ranks, run, gather):
+  noop       run(lambda: 0)                           vs  TorchDistributor.run(lambda: 0)
+  bootstrap  init + one 1 MiB float32 allreduce       vs  init_process_group("gloo") + all_reduce
+
+Both run np barrier tasks (TorchDistributor with local_mode=False: one torchrun per
+task).  Each is warmed up first (Python workers started, imports cached), then timed
+`--reps` times, interleaved so a noisy neighbour hurts both alike.  Prints a table
+(median, min, ratio = ours / theirs) and writes JSON to benchmarks/results/launch.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+
+def ours_noop():
+    return 0
+
+
+def ours_bootstrap():
+    import numpy as np
+    import collectives
+    comm = collectives.init()
+    comm.allreduce(np.ones(1 << 18, dtype=np.float32))
+    comm.close()
+    return 0
+
+
+def torch_noop():
+    return 0
+
+
+def torch_bootstrap():
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    dist.all_reduce(torch.ones(1 << 18, dtype=torch.float32))
+    dist.destroy_process_group()
+    return 0
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _session(master: str):
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = (SparkSession.builder.master(master).appName("launch-benchmark")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.executorEnv.PYTHONPATH", os.path.dirname(HERE)).getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def measure(np_: int, reps: int) -> dict:
+    import cloudpickle
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    import horovod_spark
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    distributor = TorchDistributor(num_processes=np_, local_mode=False, use_gpu=False)
+    runners = {
+        "noop": (lambda: horovod_spark.run(ours_noop, num_proc=np_),
+                 lambda: distributor.run(torch_noop)),
+        "bootstrap": (lambda: horovod_spark.run(ours_bootstrap, num_proc=np_),
+                      lambda: distributor.run(torch_bootstrap)),
+    }
+    out = {}
+    for case, (ours, theirs) in runners.items():
+        ours(), theirs()  # warm up: Python workers, imports
+        times = {"horovod_spark": [], "TorchDistributor": []}
+        for _ in range(reps):
+            times["horovod_spark"].append(_timed(ours))
+            times["TorchDistributor"].append(_timed(theirs))
+        out[case] = times
+    return out
+
+
+def report(results: dict) -> list:
+    rows = []
+    print(f"{'case':<10} {'runner':<17} {'median s':>9} {'min s':>7} {'ratio':>7}")
+    for case, times in results.items():
+        base = statistics.median(times["TorchDistributor"])
+        for runner, ts in times.items():
+            med = statistics.median(ts)
+            ratio = med / base
+            rows.append({"case": case, "runner": runner, "median_s": med, "min_s": min(ts),
+                         "ratio_vs_TorchDistributor": ratio, "times_s": ts})
+            print(f"{case:<10} {runner:<17} {med:>9.3f} {min(ts):>7.3f} {ratio:>7.2f}")
+    return rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--np", type=int, default=2)
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--master", default="local[2]")
+    p.add_argument("--out", default=os.path.join(HERE, "results", "launch.json"))
+    ns = p.parse_args()
+    spark = _session(ns.master)
+    try:
+        results = measure(ns.np, ns.reps)
+    finally:
+        spark.stop()
+    rows = report(results)
+    os.makedirs(os.path.dirname(ns.out), exist_ok=True)
+    meta = {"np": ns.np, "reps": ns.reps, "master": ns.master, "python": platform.python_version(),
+            "cpus": os.cpu_count(), "loadavg_after": os.getloadavg(),
+            "note": "shared machine: other engineers' jobs run at the same time; numbers are noisy"}
+    with open(ns.out, "w") as f:
+        json.dump({"benchmark": "launch", "meta": meta, "rows": rows}, f, indent=2)
+    print(f"wrote {ns.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
