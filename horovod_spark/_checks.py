@@ -156,11 +156,14 @@ def _slots_message(sc, conf, np_: int, slots: int, promised: Optional[int], wait
     return msg
 
 
-def wait_for_slots(sc, np_: int, timeout: float, poll: float = 0.2) -> int:
-    """Wait (up to `timeout`) for np_ slots; raise ValueError when they cannot come."""
+def wait_for_slots(sc, np_: int, timeout: float, poll: float = 0.2, say=None) -> int:
+    """Wait (up to `timeout`) for np_ slots; raise ValueError when they cannot come.
+
+    `say(message)` hears, every 10 s of waiting, how many slots there are so far.
+    """
     conf = sc.getConf()
     promised = expected_slots(conf, sc.master)
-    start = time.monotonic()
+    start = next_note = time.monotonic()
     while True:
         slots = available_slots(sc)
         if slots >= np_:
@@ -168,4 +171,8 @@ def wait_for_slots(sc, np_: int, timeout: float, poll: float = 0.2) -> int:
         waited = time.monotonic() - start
         if _is_local(sc.master) or (promised is not None and promised < np_) or waited >= timeout:
             raise ValueError(_slots_message(sc, conf, np_, slots, promised, round(waited, 1)))
+        if say is not None and time.monotonic() >= next_note + 10:
+            next_note = time.monotonic()
+            say(f"waiting for executors: {slots} of the {np_} task slots after {waited:.0f} s "
+                f"(start_timeout={timeout:g} s)")
         time.sleep(poll)

@@ -213,7 +213,7 @@ def _checks_before_submit(sc, opts: JobOptions) -> int:
     conf = sc.getConf()
     _checks.check_dynamic_allocation(conf, sc.master)
     _checks.check_gpus(conf, opts.np, warn=lambda m: opts.say(1, f"warning: {m}"))
-    _checks.wait_for_slots(sc, opts.np, opts.start_timeout)
+    _checks.wait_for_slots(sc, opts.np, opts.start_timeout, say=lambda m: opts.say(1, m))
     return _checks.max_result_size(conf)
 
 
@@ -235,7 +235,7 @@ def run_on_spark(spark, fn, args, kwargs, opts: JobOptions) -> list:
     secret, job_id = os.urandom(32), f"hvs-{uuid.uuid4().hex[:12]}"
     for attempt in range(opts.max_restarts + 1):
         if attempt:
-            _checks.wait_for_slots(sc, opts.np, opts.start_timeout)
+            _checks.wait_for_slots(sc, opts.np, opts.start_timeout, say=lambda m: opts.say(1, m))
         try:
             return _attempt(sc, payload, secret, f"{job_id}/a{attempt}", limit, opts, attempt,
                             code_files(fn))

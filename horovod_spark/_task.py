@@ -33,6 +33,7 @@ import sys
 import sysconfig
 import threading
 import time
+import traceback
 from typing import Iterator, Optional, Tuple
 
 from ._output import CALLBACK_MARK, LogClient, failure_marker
@@ -127,7 +128,11 @@ class RankProcess:
         self.tail: collections.deque = collections.deque(maxlen=TAIL)
         self.server = SparkStore(hosts[self.rank], spec.secret, spec.job, self.rank, self.size,
                                  ctx.allGather)
-        self.renv = placement(hosts, self.rank, spec, self.server.address)
+        try:
+            self.renv = placement(hosts, self.rank, spec, self.server.address)
+        except BaseException:
+            self.server.close()
+            raise
         self.log = LogClient(spec.log_address, spec.secret, spec.job, self.rank, on_abort=self.abort)
         self.child: Optional[subprocess.Popen] = None
         self._pumps: list = []
@@ -239,7 +244,11 @@ def run_task(spec: TaskSpec, _partition: Iterator) -> Iterator[Tuple[int, Option
 
     proc = RankProcess(spec, BarrierTaskContext.get())
     try:
-        proc.start()
+        try:
+            proc.start()
+        except OSError as exc:  # no such executable, no memory to fork, ...
+            proc._fail(proc._record(-1, None, ("RankStartFailed", f"cannot start the rank "
+                                               f"process: {exc}", traceback.format_exc())))
         result = proc.outcome(proc.wait())
     finally:
         proc.cleanup()
