@@ -78,16 +78,22 @@ def resolve_num_proc(spark, num_proc: Optional[int]) -> int:
     return n
 
 
+def is_class_index(label: np.ndarray, out_shape: Sequence[int]) -> bool:
+    """An integer label, one per row, next to an output of one axis of several values."""
+    return label.dtype.kind in "iu" and label.ndim == 1 and len(out_shape) == 2 and \
+        int(out_shape[1]) > 1
+
+
 def label_problem(name: str, label: np.ndarray, out_shape: Sequence[int]) -> Optional[str]:
     """Why ``label`` (rows first) can't be compared with an output of ``out_shape``, or None.
 
-    An integer label of one value per row next to an output of several values per
-    row is a class index; any other label must have as many values per row.
+    An integer label of one value per row next to an output of one axis of several
+    values is a class index; any other label must have as many values per row.
     """
     per_row = [int(d) for d in out_shape[1:]]
-    if label.dtype.kind in "iu" and label.ndim == 1 and int(np.prod(per_row)) > 1:
-        classes = per_row[0] if len(per_row) == 1 else None
-        if classes is not None and len(label) and (label.min() < 0 or label.max() >= classes):
+    if is_class_index(label, out_shape):
+        classes = per_row[0]
+        if len(label) and (label.min() < 0 or label.max() >= classes):
             return (f"label column '{name}' has class {int(label.max())} (or a negative one) "
                     f"but the model outputs {classes} values per row")
         return None

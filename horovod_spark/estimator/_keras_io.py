@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from horovod_spark.estimator._checks import label_problem
+from horovod_spark.estimator._checks import is_class_index, label_problem
 
 __all__ = ["to_inputs", "shape_label", "dumps_model", "loads_model", "make_predictor",
            "dry_run", "as_outputs"]
@@ -34,12 +34,8 @@ def as_outputs(output: Any) -> List[np.ndarray]:
     return [np.asarray(o) for o in outs]
 
 
-def _is_class_index(label: np.ndarray, out_shape: Sequence[int]) -> bool:
-    return label.dtype.kind in "iu" and label.ndim == 1 and int(np.prod(out_shape[1:])) > 1
-
-
 def shape_label(label: np.ndarray, out_shape: Sequence[int]) -> np.ndarray:
-    if _is_class_index(label, out_shape):
+    if is_class_index(label, out_shape):
         return label
     label = label.astype(np.float32, copy=False)
     rows = len(label)

@@ -18,6 +18,7 @@ every rank gets rows, and the stage starts from the shuffle).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import uuid
@@ -60,18 +61,23 @@ def _stage(spark, df, num_proc: int, job: BarrierJob, verbose: int):
     """(status, rank 0's result or the problem) of one barrier stage."""
     import cloudpickle
 
-    from horovod_spark import _driver
+    from horovod_spark import _driver, progress
     from horovod_spark._task import TaskSpec
 
     sc = spark.sparkContext
+    display = progress.Display(verbose)  # the progress bar, from the ranks' records
+    shown = display.enabled
     opts = _driver.JobOptions(np=num_proc, rank0_only=True, verbose=verbose,
-                              show_output=verbose > 0)
+                              show_output=verbose > 0, stdout=display.stream() if shown else None,
+                              stderr=display.stream(None, "stderr") if shown else None)
     limit = _driver._checks_before_submit(sc, opts)
     secret, job_id = os.urandom(32), f"hvs-fit-{uuid.uuid4().hex[:12]}/a0"
     server = _driver._log_server(sc, secret, job_id, opts)
     spec = TaskSpec(job=job_id, secret=secret, payload=b"",
                     log_address=server.address if server else None, show_output=opts.show_output,
-                    rank0_only=True, result_limit=limit)
+                    rank0_only=True, result_limit=limit, env=display.env)
+    if shown:
+        job = dataclasses.replace(job, train_fn=progress.FitTracked(job.train_fn))
     tag = f"horovod-spark-{job_id.replace('/', '-')}"
     sc.addJobTag(tag)
     ok = False
@@ -83,7 +89,10 @@ def _stage(spark, df, num_proc: int, job: BarrierJob, verbose: int):
         record = _driver.failure_of(server, exc, num_proc)
         raise _driver.JobFailedError(record) from None
     finally:
-        _finish(sc, server, tag, ok, num_proc, rows if ok else None)
+        try:
+            _finish(sc, server, tag, ok, num_proc, rows if ok else None)
+        finally:
+            display.close()
     for row in sorted(rows, key=lambda r: r.partition):
         if row.status != OK:
             return row.status, row.message

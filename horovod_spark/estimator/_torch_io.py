@@ -46,8 +46,8 @@ def as_outputs(output: Any) -> list:
 def _is_class_index(label, output) -> bool:
     import torch
 
-    return label.dtype == torch.int64 and label.dim() == 1 and output.dim() >= 2 \
-        and int(np.prod(output.shape[1:])) > 1
+    return label.dtype == torch.int64 and label.dim() == 1 and output.dim() == 2 \
+        and output.shape[1] > 1
 
 
 def shape_label(label: np.ndarray, output, device: Any = None):

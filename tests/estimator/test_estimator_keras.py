@@ -1,0 +1,64 @@
+"""KerasEstimator on real Spark (local[2]): digits, resume, save/load of the model."""
+import numpy as np
+import pytest
+
+keras = pytest.importorskip("keras")
+
+from horovod_spark.estimator import KerasEstimator, KerasModel, LocalStore  # noqa: E402
+
+pytestmark = [pytest.mark.spark, pytest.mark.tf, pytest.mark.slow]
+
+
+def _classifier(store, **kw):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"),
+                              keras.layers.Dense(10, activation="softmax")])
+    args = dict(num_proc=2, model=model, optimizer=keras.optimizers.Adam(0.01),
+                loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+                feature_cols=["features"], label_cols=["label"], batch_size=32, epochs=5,
+                store=store, verbose=0)
+    args.update(kw)
+    return KerasEstimator(**args)
+
+
+def _test_accuracy(model, test_df):
+    rows = model.transform(test_df).select("label", "label__output").collect()
+    return np.mean([np.argmax(r.label__output.toArray()) == r.label for r in rows])
+
+
+def test_a_keras_classifier_on_digits_reaches_90_percent_and_resumes(digits, tmp_path):
+    train, test, _ = digits
+    store = LocalStore(str(tmp_path / "store"))
+    first = _classifier(store, epochs=2, run_id="keras-run", validation=0.1).fit(train)
+    assert isinstance(first, KerasModel)
+    assert store.checkpoint_epochs("keras-run") == [0, 1]
+    second = _classifier(store, epochs=5, run_id="keras-run", validation=0.1).fit(train)
+    h1, h2 = first.getHistory(), second.getHistory()
+    assert set(h2) == {"loss", "accuracy", "val_loss", "val_accuracy"}
+    assert len(h2["loss"]) == 5 and h2["loss"][:2] == h1["loss"]
+    assert h2["loss"][2] < h1["loss"][0]
+    assert h2["val_accuracy"][-1] >= 0.9
+    assert _test_accuracy(second, test) >= 0.9
+
+
+def test_a_keras_model_saves_loads_and_predicts_the_same(spark, digits, tmp_path):
+    _, test, (x_test, _) = digits
+    keras.utils.set_random_seed(1)
+    net = keras.Sequential([keras.Input((64,)), keras.layers.Dense(3)])
+    model = KerasModel.from_keras(net, feature_cols=["features"], label_cols=["label"])
+    model.write().overwrite().save(str(tmp_path / "m"))
+    loaded = KerasModel.load(str(tmp_path / "m"))
+    rows = loaded.transform(test).collect()
+    got = np.array([r.label__output.toArray() for r in rows])
+    want = net.predict_on_batch(np.array([r.features.toArray() for r in rows], np.float32))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert len(rows) == len(x_test)
+
+
+def test_a_keras_label_that_does_not_match_the_output_is_refused(digits, tmp_path):
+    train, _, _ = digits
+    with pytest.raises(ValueError, match=r"label column 'label' has shape \[\] per row but the "
+                                         r"model's output for it has shape \[2, 5\] per row"):
+        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10),
+                                  keras.layers.Reshape((2, 5))])
+        _classifier(str(tmp_path), model=model, loss="mse").fit(train)
