@@ -30,27 +30,17 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), os.path.join(os.path.dirname(HERE), "tests", "faults")]
 
+import _fault_attacks as attacks  # noqa: E402
 import _fault_kit as kit  # noqa: E402
 import _fault_ranks as ranks  # noqa: E402
 import _fault_work as work  # noqa: E402
 
-TIMEOUT, CONNECT = 10.0, 10.0
+SECRET = os.urandom(32)
 
 
-class Job:
-    """One fault run: its notes directory and process tag."""
-
-    def __init__(self, root: str, name: str) -> None:
-        self.outdir = os.path.join(root, name.replace(" ", "_"))
-        os.makedirs(self.outdir, exist_ok=True)
-        self.tag = kit.new_tag()
-
-    def env(self, tcp=False, timeout=TIMEOUT, connect=CONNECT, **extra) -> dict:
-        env = {kit.TAG_VAR: self.tag, "HOROVOD_SPARK_TIMEOUT": str(timeout),
-               "HOROVOD_SPARK_CONNECT_TIMEOUT": str(connect),
-               "HOROVOD_SPARK_FORCE_TCP": "1" if tcp else "0"}
-        env.update({k: str(v) for k, v in extra.items()})
-        return env
+def job_at(root: str, name: str) -> kit.FaultJob:
+    """A fault job whose notes go to root/name."""
+    return kit.FaultJob(os.path.join(root, name.replace(" ", "_").replace("/", "_")))
 
 
 def _named(notes: dict, victim: int, size: int) -> str:
@@ -59,21 +49,16 @@ def _named(notes: dict, victim: int, size: int) -> str:
     return f"{ok}/{size - 1}"
 
 
-def _leftovers(job: Job, out) -> tuple:
-    seconds, left = kit.wait_gone(job.tag, 10.0)
-    segs = kit.shm_segments(out.pids())
-    kit.kill_tagged(job.tag)
-    kit.remove_segments(segs)
-    return len(left), len(segs)
-
-
-def measure(job: Job, out, victim: int, size: int, since: str = "killed") -> dict:
-    procs, segs = _leftovers(job, out)
+def measure(job: kit.FaultJob, out, victim: int, size: int, since: str = "killed") -> dict:
+    kit.wait_gone(job.tag, 10.0)
+    procs, segs = job.cleanup()
     t_fault = min(n["t"] for n in out.notes(since).values()) if out.notes(since) else None
     errors = out.notes("error")
     first_err = min((e["t"] for r, e in errors.items() if r != victim), default=None)
     return {
+        "fired": bool(out.notes(since)),
         "raised": type(out.error).__name__ if out.error else "nothing",
+        "why": "" if out.notes(since) or not out.error else str(out.error).splitlines()[0][:160],
         "rank named": getattr(out.error, "rank", None) if out.error else None,
         "detect_s": None if t_fault is None else round(out.raised_at - t_fault, 3),
         "survivor_s": None if t_fault is None or first_err is None else round(first_err - t_fault, 3),
@@ -89,7 +74,7 @@ def local_faults(root: str, repeat: int) -> list:
 
     def run(name, fn, args, victim, size=3, since="killed", **env):
         for i in range(repeat):
-            job = Job(root, f"{name}-{i}")
+            job = job_at(root, f"{name}-{i}")
             a = args(job, i) if callable(args) else args
             out = kit.run_local_job(fn, size, args=a, env=job.env(**env), outdir=job.outdir)
             rows.append(dict(fault=name, **measure(job, out, victim, size, since)))
@@ -104,7 +89,7 @@ def local_faults(root: str, repeat: int) -> list:
     run("SIGKILL, random point of hvd training (shm)", ranks.train_and_die,
         lambda j, i: (j.outdir, 2, delay(i) / 2, "fused", 1 << 17), 2)
     for point, victim in (("before-init", 1), ("after-publishing-its-address", 1),
-                          ("after-creating-shared-memory", 0)):
+                          ("after-publishing-the-shm-name", 0), ("after-creating-shared-memory", 0)):
         run(f"SIGKILL in rendezvous, {point}", ranks.rendezvous_and_die,
             lambda j, i, p=point, v=victim: (j.outdir, v, p), victim)
     run("connection reset mid-transfer (tcp)", ranks.train_and_reset,
@@ -114,7 +99,7 @@ def local_faults(root: str, repeat: int) -> list:
 
 def stall_faults(root: str) -> list:
     rows = []
-    job = Job(root, "stall-fused")
+    job = job_at(root, "stall-fused")
     out = kit.run_local_job(ranks.stall_in_fused, 3, args=(job.outdir, 2, 2), outdir=job.outdir,
                             env=job.env(timeout=30, HOROVOD_STALL_CHECK_TIME_SECONDS=1,
                                         HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=3))
@@ -122,16 +107,16 @@ def stall_faults(root: str) -> list:
                      **measure(job, out, 2, 3, "stalled")))
     for tcp in (False, True):
         for freeze in (False, True):
-            job = Job(root, f"stall-plain-{tcp}-{freeze}")
+            job = job_at(root, f"stall-plain-{tcp}-{freeze}")
             out = kit.run_local_job(ranks.stall_in_allreduce, 3, args=(job.outdir, 1, 3, freeze),
                                     env=job.env(tcp=tcp, timeout=3), outdir=job.outdir)
             what = "SIGSTOPped" if freeze else "sleeping"
             rows.append(dict(fault=f"{what} rank, plain allreduce, timeout 3 s "
                                    f"({'tcp' if tcp else 'shm'})",
                              **measure(job, out, 1, 3, "stalled")))
-    job = Job(root, "silent-peer")
+    job = job_at(root, "silent-peer")
     out = kit.run_local_job(ranks.silent_rank0, 3, args=(job.outdir, 30.0), outdir=job.outdir,
-                            env=job.env(tcp=True, connect=3))
+                            env=job.env(tcp=True, connect_timeout=3))
     row = measure(job, out, 0, 3, "pid")
     rows.append(dict(fault="peer accepts, never answers, connect_timeout 3 s", **row))
     return rows
@@ -143,7 +128,7 @@ def driver_death(root: str) -> list:
 
     rows = []
     for sig in (signal.SIGKILL, signal.SIGTERM):
-        job = Job(root, f"driver-{sig.name}")
+        job = job_at(root, f"driver-{sig.name}")
         code = (f"import sys; sys.path[:0] = {sys.path!r}\nimport _fault_ranks as r\n"
                 f"from collectives.launch import run_local\nrun_local(r.train_and_die, 3, "
                 f"args=({job.outdir!r}, -1, 0.0), env={job.env(tcp=True)!r})\n")
@@ -156,7 +141,7 @@ def driver_death(root: str) -> list:
         seconds, left = kit.wait_gone(job.tag, 10.0)
         rows.append({"fault": f"driver {sig.name}ed", "ranks gone_s": round(time.monotonic() - t0, 3),
                      "procs left": len(left)})
-        kit.kill_tagged(job.tag)
+        job.cleanup()
     return rows
 
 
@@ -166,7 +151,7 @@ def spark_faults(root: str) -> list:
             ("Spark: SIGKILL during training (tcp)", ranks.train_and_die, (1, 0.5), True),
             ("Spark: SIGKILL during hvd training", ranks.train_and_die, (1, 0.5, "fused"), False),
             ("Spark: SIGKILL before rendezvous", ranks.rendezvous_and_die, (1, "before-init"), False)):
-        job = Job(root, name)
+        job = job_at(root, name)
         out = kit.run_spark_job(fn, 2, args=(job.outdir,) + args, env=job.env(tcp=tcp),
                                 outdir=job.outdir)
         rows.append(dict(fault=name, **measure(job, out, 1, 2)))
@@ -178,13 +163,13 @@ def spark_faults(root: str) -> list:
 def fuzz(n: int) -> list:
     rows = []
     for name in ("store", "task-store", "log"):
-        svc = kit.make_service(name, os.urandom(32))
+        svc = attacks.make_service(name, os.urandom(32))
         try:
-            strings = kit.fuzz_strings(seed=10, n=n)
-            kit.attack_fuzz(svc.address, strings[:500])
+            strings = attacks.fuzz_strings(seed=10, n=n)
+            attacks.attack_fuzz(svc.address, strings[:500])
             before, rss = svc.rejected(), kit.rss()
             t0 = time.monotonic()
-            answered = kit.attack_fuzz(svc.address, strings[500:])
+            answered = attacks.attack_fuzz(svc.address, strings[500:])
             took = time.monotonic() - t0
             growth = kit.rss() - rss
             kit.wait_until(lambda: svc.rejected() - before >= n - 500, 10, "rejections counted")
@@ -197,8 +182,34 @@ def fuzz(n: int) -> list:
     return rows
 
 
+def job_under_attack(n: int) -> list:
+    """The store and rank 0's mesh listener of a live job, attacked while rank 1 is held."""
+    import psutil
+
+    job = job_at("/tmp", f"hvs-attack-{os.getpid()}")
+    group, store = attacks.held_job(job, 2, (1,), SECRET, connect_timeout=300.0)
+    with group:
+        mesh = attacks.rank0_listener(job, group, store)
+        rank0 = psutil.Process(kit.notes(job.outdir, "pid")[0]["pid"])
+        rows = []
+        for name, addr, ctx, proc in (("launcher store (live job)", store.address, "store", None),
+                                      ("rank 0 mesh listener (live job)", mesh, "mesh", rank0)):
+            rss = (proc or psutil.Process()).memory_info().rss
+            t0 = time.monotonic()
+            got = attacks.battery(addr, ctx, SECRET, n)
+            rows.append({"server": name, "inputs": n + 4, "answered": len(got),
+                         "rss growth KiB": ((proc or psutil.Process()).memory_info().rss - rss) >> 10,
+                         "per connection ms": round(1000 * (time.monotonic() - t0) / (n + 4), 3)})
+        results, codes = attacks.finish_held(job, group)
+    ok = codes == [0, 0] and all(v["value"] == 3.0 for v in results.values())
+    for r in rows:
+        r["job result unchanged"] = ok
+    job.cleanup()
+    return rows
+
+
 def soak(total: int) -> dict:
-    job = Job("/tmp", "soak")
+    job = job_at("/tmp", f"hvs-soak-{os.getpid()}")
     t0 = time.monotonic()
     out = kit.run_local_job(work.soak, 3, args=(total, 50, 2024), outdir=job.outdir, timeout=600,
                             env=job.env(HOROVOD_FUSION_THRESHOLD=256 * 1024))
@@ -233,7 +244,12 @@ def summarize(rows: list) -> list:
     for fault, rs in out.items():
         det = [r["detect_s"] for r in rs if r["detect_s"] is not None]
         surv = [r["survivor_s"] for r in rs if r["survivor_s"] is not None]
-        summary.append({"fault": fault, "runs": len(rs), "raised": rs[0]["raised"],
+        fired = sum(r["fired"] for r in rs)
+        if fired < len(rs):  # the job failed for another reason: say which, measure nothing
+            summary.append({"fault": fault, "runs": len(rs), "fired": fired,
+                            "raised": next(r["why"] for r in rs if not r["fired"])})
+            continue
+        summary.append({"fault": fault, "runs": len(rs), "fired": fired, "raised": rs[0]["raised"],
                         "rank named": sorted({str(r["rank named"]) for r in rs}),
                         "detect s (median/max)": f"{statistics.median(det):.2f} / {max(det):.2f}"
                         if det else "-",
@@ -257,7 +273,7 @@ def main(argv=None) -> int:
     if not ns.no_spark:
         report["faults"] += summarize(spark_faults(root))
     report["driver death"] = driver_death(root)
-    report["fuzz"] = fuzz(ns.fuzz)
+    report["fuzz"] = fuzz(ns.fuzz) + job_under_attack(ns.fuzz)
     report["soak"] = soak(ns.soak)
     for key in ("faults", "driver death", "fuzz"):
         print(f"\n## {key}\n\n{table(report[key])}")

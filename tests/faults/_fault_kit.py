@@ -9,9 +9,6 @@ driver's raise minus the victim's `killed` note: both are `time.time()` on one
 machine.  Shared-memory segments of the native backend are named
 `/dev/shm/hvs-<pid of the creating rank>-<random>`, so the segments a job
 leaked are found from its ranks' pids.
-
-Also here: the hostile clients of the security tests (`attack_*`), which
-speak to any server that runs the `_auth` handshake.
 """
 from __future__ import annotations
 
@@ -20,24 +17,45 @@ import glob
 import io
 import json
 import os
-import pickle
-import random
-import socket
-import struct
-import threading
 import time
 import uuid
 from typing import Any, Callable, Dict, Optional
 
 import psutil
 
-from collectives import _auth
-
 TAG_VAR = "HVS_FAULT_TAG"
+#: Seconds a peer may make no progress before an op fails (HOROVOD_SPARK_TIMEOUT).
+TIMEOUT = 10.0
+#: Seconds to bootstrap (HOROVOD_SPARK_CONNECT_TIMEOUT).
+CONNECT_TIMEOUT = 10.0
 
 
 def new_tag() -> str:
     return uuid.uuid4().hex[:12]
+
+
+class FaultJob:
+    """One job with a fault: a directory for the ranks' notes and a tag on its processes."""
+
+    def __init__(self, outdir) -> None:
+        self.outdir, self.tag = str(outdir), new_tag()
+        os.makedirs(self.outdir, exist_ok=True)
+
+    def env(self, tcp: bool = False, timeout: float = TIMEOUT,
+            connect_timeout: float = CONNECT_TIMEOUT, **extra) -> dict:
+        env = {TAG_VAR: self.tag, "HOROVOD_SPARK_TIMEOUT": str(timeout),
+               "HOROVOD_SPARK_CONNECT_TIMEOUT": str(connect_timeout),
+               "HOROVOD_SPARK_FORCE_TCP": "1" if tcp else "0"}
+        env.update({k: str(v) for k, v in extra.items()})
+        return env
+
+    def cleanup(self) -> tuple:
+        """Kill the processes and remove the segments the job left; returns their counts."""
+        left = tagged(self.tag)
+        kill_tagged(self.tag)
+        segs = shm_segments([n["pid"] for n in notes(self.outdir, "pid").values()])
+        remove_segments(segs)
+        return len(left), len(segs)
 
 
 # --------------------------------------------------------------------------- waiting
@@ -164,208 +182,3 @@ def remove_segments(names) -> None:
 
 def rss() -> int:
     return psutil.Process().memory_info().rss
-
-
-# --------------------------------------------------------------------------- hostile clients
-
-def _connect(address: str, timeout: float = 5.0) -> socket.socket:
-    host, port = address.rsplit(":", 1)
-    return socket.create_connection((host, int(port)), timeout=timeout)
-
-
-def _send_and_hang_up(address: str, data: bytes, read_hello: bool = False) -> bytes:
-    """Send data, half-close, and read until the server hangs up; returns what it sent."""
-    with _connect(address) as s:
-        got = b""
-        try:
-            if read_hello:
-                got = _auth.recv_exact(s, len(_auth.MAGIC) + _auth.NONCE, time.monotonic() + 5)
-            if data:
-                s.sendall(data)
-            s.shutdown(socket.SHUT_WR)
-            while True:
-                chunk = s.recv(4096)
-                if not chunk:
-                    return got
-                got += chunk
-        except (ConnectionError, OSError):  # a reset is a refusal too
-            return got
-
-
-def attack_without_secret(address: str, payload: bytes) -> bytes:
-    """Skip the handshake and send a payload as if authenticated."""
-    return _send_and_hang_up(address, payload)
-
-
-def attack_with_wrong_secret(address: str, context: str) -> Optional[BaseException]:
-    """A client that runs the handshake with the wrong secret; returns its error."""
-    with _connect(address) as s:
-        try:
-            _auth.client_handshake(s, os.urandom(32), context, timeout=5.0)
-        except Exception as exc:  # the refusal under test
-            return exc
-    return None
-
-
-def recorded_handshake(address: str, secret: bytes, context: str) -> bytes:
-    """What a real client sends in a successful handshake, captured on the wire."""
-    sent = bytearray()
-    with _connect(address) as s:
-        real_sendall = s.sendall
-
-        class Tap:
-            def __getattr__(self, name):
-                return getattr(s, name)
-
-            def sendall(self, data):
-                sent.extend(data)
-                return real_sendall(data)
-
-        _auth.client_handshake(Tap(), secret, context, timeout=5.0)
-    return bytes(sent)
-
-
-def attack_replay(address: str, recorded: bytes) -> bytes:
-    """Replay a recorded handshake on a new connection; returns what the server answered."""
-    return _send_and_hang_up(address, recorded, read_hello=True)
-
-
-def fuzz_strings(seed: int, n: int) -> list:
-    """n random byte strings: empty, short, handshake-sized, and some behind a valid MAGIC."""
-    rng = random.Random(seed)
-    size = len(_auth.MAGIC) + _auth.NONCE + _auth.MAC
-    out = []
-    for i in range(n):
-        length = rng.choice([0, 1, 3, 4, 5, rng.randrange(0, 64), size, size, rng.randrange(size, 600)])
-        data = rng.randbytes(length)
-        if i % 3 == 0:
-            data = _auth.MAGIC + data
-        out.append(data)
-    return out
-
-
-def attack_fuzz(address: str, strings) -> int:
-    """One connection per string; returns how many the server answered with more than its hello."""
-    answered = 0
-    hello = len(_auth.MAGIC) + _auth.NONCE
-    for data in strings:
-        answered += len(_send_and_hang_up(address, data)) > hello
-    return answered
-
-
-def oversized_header() -> bytes:
-    """A handshake reply that is all length-like 0xff after the MAGIC."""
-    return _auth.MAGIC + b"\xff" * (_auth.NONCE + _auth.MAC) + struct.pack(">Q", 1 << 62)
-
-
-class SilentClients:
-    """n connections that connect and never send a byte, held open until close()."""
-
-    def __init__(self, address: str, n: int) -> None:
-        self.socks = [_connect(address) for _ in range(n)]
-
-    def close(self) -> None:
-        for s in self.socks:
-            s.close()
-
-
-class SilentServer:
-    """A listener that accepts every connection and never answers."""
-
-    def __init__(self, bind: str = "127.0.0.1") -> None:
-        self._lst = socket.create_server((bind, 0))
-        self.address = "%s:%d" % self._lst.getsockname()[:2]
-        self._held: list = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                self._held.append(self._lst.accept()[0])
-            except OSError:
-                return
-
-    def close(self) -> None:
-        self._lst.close()
-        for s in self._held:
-            s.close()
-
-
-# --------------------------------------------------------------------------- servers under attack
-
-class Bomb:
-    """A pickle that leaves a file behind if anyone ever unpickles it."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def __reduce__(self):
-        return (open, (self.path, "w"))
-
-
-@dataclasses.dataclass
-class Service:
-    name: str
-    address: str
-    context: str
-    rejected: Callable[[], int]
-    works: Callable[[], None]        # a real client's round trip; raises if the server broke
-    unauthenticated: bytes           # a payload that would do harm if it were parsed
-    planted: Callable[[], bool]      # did that payload reach the server?
-    close: Callable[[], None]
-
-
-def _store_frame(cmd: int, key: bytes, value: bytes) -> bytes:
-    return bytes([cmd]) + struct.pack(">I", len(key)) + key + struct.pack(">Q", len(value)) + value
-
-
-def _store_service(name, server, secret) -> Service:
-    from collectives.store import TCPStore
-
-    def works():
-        client = TCPStore.connect(server.address, secret, timeout=10)
-        try:
-            client.set("job/probe", b"alive")
-            assert client.get("job/probe", 5) == b"alive"
-        finally:
-            client.close()
-
-    return Service(name, server.address, "store", lambda: server.rejected, works,
-                   _store_frame(1, b"job/fn", pickle.dumps(Bomb("/nonexistent"))),
-                   lambda: server.check("job/fn"), server.close)
-
-
-def _log_service(secret) -> Service:
-    from horovod_spark._output import LineSink, LogClient, LogServer, send_frame
-
-    out = io.StringIO()
-    server = LogServer("127.0.0.1", secret, "job", LineSink(out, out), handshake_timeout=5.0)
-
-    def works():
-        client = LogClient(server.address, secret, "job", 7)
-        client.line("stdout", "still serving")
-        client.close()
-        wait_until(lambda: "[7]<stdout>:still serving" in out.getvalue(), 10, "a line arrives")
-
-    frames = socket.socketpair()
-    send_frame(frames[0], {"t": "hello", "job": "job", "rank": 0})
-    send_frame(frames[0], {"t": "fail", "rec": {"rank": 0, "planted": True}})
-    frames[0].close()
-    payload = frames[1].recv(65536)
-    frames[1].close()
-    return Service("log", server.address, "log", lambda: server.rejected, works, payload,
-                   lambda: any(f.get("planted") for f in server.failures), server.close)
-
-
-def make_service(name: str, secret: bytes) -> Service:
-    """A server of a job, on 127.0.0.1: "store", "task-store" (Spark's) or "log"."""
-    if name == "store":
-        from collectives.store import TCPStore
-
-        return _store_service(name, TCPStore.serve("127.0.0.1", secret), secret)
-    if name == "task-store":
-        from horovod_spark._spark_store import SparkStore
-
-        return _store_service(name, SparkStore("127.0.0.1", secret, "job", 0, 1, lambda m: [m]),
-                              secret)
-    return _log_service(secret)

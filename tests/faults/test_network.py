@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+import _fault_attacks as attacks
 import _fault_kit as kit
 import _fault_ranks as ranks
 from conftest import TIMEOUT
@@ -59,7 +60,7 @@ def test_a_peer_that_accepts_and_never_answers_fails_bootstrap_at_the_connect_ti
 def test_a_store_that_accepts_and_never_answers_is_refused_within_the_timeout():
     from collectives.store import TCPStore
 
-    silent = kit.SilentServer()
+    silent = attacks.SilentServer()
     try:
         t0 = time.monotonic()
         with pytest.raises(Exception) as info:
@@ -74,7 +75,7 @@ def test_a_store_that_accepts_and_never_answers_is_refused_within_the_timeout():
 def test_a_log_server_that_never_answers_drops_lines_and_never_fails_the_task():
     from horovod_spark._output import LogClient
 
-    silent = kit.SilentServer()
+    silent = attacks.SilentServer()
     try:
         client = LogClient(silent.address, os.urandom(32), "job", 0, connect_timeout=0.5)
         for i in range(100):

@@ -14,10 +14,10 @@ from __future__ import annotations
 import os
 import socket
 import struct
-import sys
 
 import pytest
 
+import _fault_attacks as attacks
 import _fault_kit as kit
 import _fault_ranks as ranks
 from collectives import _auth
@@ -31,7 +31,7 @@ RSS_BOUND = 32 << 20  # generous: the figure measured is in benchmarks/RELIABILI
 
 @pytest.fixture(params=["store", "task-store", "log"])
 def service(request):
-    svc = kit.make_service(request.param, SECRET)
+    svc = attacks.make_service(request.param, SECRET)
     yield svc
     svc.close()
 
@@ -43,7 +43,7 @@ def _refused(service, before: int, n: int = 1) -> None:
 
 def test_a_payload_without_the_handshake_never_reaches_the_server(service):
     before = service.rejected()
-    answer = kit.attack_without_secret(service.address, service.unauthenticated)
+    answer = attacks.attack_without_secret(service.address, service.unauthenticated)
     _refused(service, before)
     assert len(answer) <= len(_auth.MAGIC) + _auth.NONCE, "the server answered past its hello"
     assert not service.planted()
@@ -52,16 +52,16 @@ def test_a_payload_without_the_handshake_never_reaches_the_server(service):
 
 def test_a_wrong_secret_is_refused_and_the_server_keeps_serving(service):
     before = service.rejected()
-    assert isinstance(kit.attack_with_wrong_secret(service.address, service.context),
+    assert isinstance(attacks.attack_with_wrong_secret(service.address, service.context),
                       AuthenticationError)
     _refused(service, before)
     service.works()
 
 
 def test_a_replayed_handshake_is_refused(service):
-    recorded = kit.recorded_handshake(service.address, SECRET, service.context)
+    recorded = attacks.recorded_handshake(service.address, SECRET, service.context)
     before = service.rejected()
-    answer = kit.attack_replay(service.address, recorded)
+    answer = attacks.attack_replay(service.address, recorded)
     _refused(service, before)
     assert len(answer) == len(_auth.MAGIC) + _auth.NONCE, "the replay got more than a fresh hello"
     service.works()
@@ -69,10 +69,10 @@ def test_a_replayed_handshake_is_refused(service):
 
 @pytest.mark.slow
 def test_ten_thousand_random_byte_strings_are_each_refused_without_memory_growth(service):
-    strings = kit.fuzz_strings(seed=10, n=FUZZ)
-    kit.attack_fuzz(service.address, strings[:WARM_UP])  # thread stacks, allocator arenas
+    strings = attacks.fuzz_strings(seed=10, n=FUZZ)
+    attacks.attack_fuzz(service.address, strings[:WARM_UP])  # thread stacks, allocator arenas
     before, rss = service.rejected(), kit.rss()
-    answered = kit.attack_fuzz(service.address, strings[WARM_UP:])
+    answered = attacks.attack_fuzz(service.address, strings[WARM_UP:])
     growth = kit.rss() - rss
     _refused(service, before, FUZZ - WARM_UP)
     assert answered == 0, f"{answered} random strings got past the hello"
@@ -82,7 +82,7 @@ def test_ten_thousand_random_byte_strings_are_each_refused_without_memory_growth
 
 def test_an_oversized_length_header_before_authentication_is_refused(service):
     before = service.rejected()
-    assert len(kit.attack_without_secret(service.address, kit.oversized_header())) <= 36
+    assert len(attacks.attack_without_secret(service.address, attacks.oversized_header())) <= 36
     _refused(service, before)
     service.works()
 
@@ -121,7 +121,7 @@ def test_an_oversized_length_header_from_an_authenticated_peer_is_dropped(servic
 
 
 def test_a_crowd_of_silent_connections_does_not_keep_a_real_client_waiting(service):
-    crowd = kit.SilentClients(service.address, 64)
+    crowd = attacks.SilentClients(service.address, 64)
     try:
         service.works()
     finally:
@@ -130,41 +130,21 @@ def test_a_crowd_of_silent_connections_does_not_keep_a_real_client_waiting(servi
 
 # --------------------------------------------------------------------------- a job under attack
 
-def _held_job(fault, size, held, connect_timeout=20.0):
-    """start_ranks of held_bootstrap: the bootstrap deadline starts once every rank published."""
-    from collectives.launch import start_ranks
-
-    code = f"import _fault_ranks as r; r.held_bootstrap({fault.outdir!r}, {tuple(held)!r})"
-    sink = open(os.devnull, "w")
-    return start_ranks([sys.executable, "-c", code], size, fault.env(connect_timeout=connect_timeout),
-                       stdout=sink, stderr=sink, secret=SECRET)
-
-
-def _finish(fault, group, size):
-    open(os.path.join(fault.outdir, "go"), "w").close()
-    kit.wait_until(lambda: all(p.poll() is not None for p in group.procs), 60, "every rank exits")
-    return kit.notes(fault.outdir, "result"), [p.returncode for p in group.procs]
-
-
 @pytest.mark.slow
-def test_a_job_whose_store_and_mesh_listener_are_fuzzed_meanwhile_computes_the_same_result(fault):
-    group, store = _held_job(fault, 2, held=(1,))
-    with group:
-        import json
+def test_a_job_whose_store_and_mesh_listener_are_attacked_meanwhile_computes_the_same_result(fault):
+    import psutil
 
-        rank0 = json.loads(kit.wait_until(
-            lambda: store.check(f"{group.job}/fault/mesh/rank/0") and
-            store.get(f"{group.job}/fault/mesh/rank/0"), 60, "rank 0 publishes"))
-        kit.wait_until(lambda: kit.notes(fault.outdir, "listeners").get(1), 60, "rank 1 is held")
-        strings = kit.fuzz_strings(seed=3, n=2000)
-        before = store.rejected
-        answered = kit.attack_fuzz(store.address, strings[:1000])
-        answered += kit.attack_fuzz(f"{rank0['addr']}:{rank0['port']}", strings[1000:])
-        assert isinstance(kit.attack_with_wrong_secret(f"{rank0['addr']}:{rank0['port']}", "mesh"),
-                          AuthenticationError)
-        results, codes = _finish(fault, group, 2)
-    assert answered == 0
-    assert store.rejected - before == 1000
+    group, store = attacks.held_job(fault, 2, (1,), SECRET, connect_timeout=120.0)
+    with group:
+        mesh = attacks.rank0_listener(fault, group, store)
+        rank0 = psutil.Process(kit.notes(fault.outdir, "pid")[0]["pid"])
+        rss, before = rank0.memory_info().rss, store.rejected
+        assert attacks.battery(store.address, "store", SECRET, FUZZ) == {}, "the store answered an attack"
+        assert attacks.battery(mesh, "mesh", SECRET, FUZZ) == {}, "rank 0's mesh listener answered an attack"
+        growth = rank0.memory_info().rss - rss
+        results, codes = attacks.finish_held(fault, group)
+    assert store.rejected - before == FUZZ + 4
+    assert growth < RSS_BOUND, f"rank 0 grew {growth >> 20} MiB while its listener was attacked"
     assert codes == [0, 0] and {r: v["value"] for r, v in results.items()} == {0: 3.0, 1: 3.0}
 
 
@@ -178,17 +158,11 @@ MESH_SERIAL = ("the mesh listener authenticates one connection at a time with up
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=MESH_SERIAL)
 def test_a_silent_connection_to_a_ranks_listener_does_not_fail_the_job(fault):
-    import json
-
-    group, store = _held_job(fault, 2, held=(1,), connect_timeout=5.0)
+    group, store = attacks.held_job(fault, 2, (1,), SECRET, connect_timeout=5.0)
     with group:
-        key = f"{group.job}/fault/mesh/rank/0"
-        rank0 = json.loads(kit.wait_until(lambda: store.check(key) and store.get(key), 60,
-                                          "rank 0 publishes"))
-        kit.wait_until(lambda: kit.notes(fault.outdir, "listeners").get(1), 60, "rank 1 is held")
-        crowd = kit.SilentClients(f"{rank0['addr']}:{rank0['port']}", 1)
+        crowd = attacks.SilentClients(attacks.rank0_listener(fault, group, store), 1)
         try:
-            results, codes = _finish(fault, group, 2)
+            results, codes = attacks.finish_held(fault, group)
         finally:
             crowd.close()
     assert codes == [0, 0], kit.notes(fault.outdir, "error")
@@ -200,11 +174,11 @@ WILDCARDS = ("0.0.0.0", "::", "")
 
 
 def test_ranks_and_the_launcher_listen_on_the_task_address_only(fault):
-    group, store = _held_job(fault, 2, held=(0, 1))
+    group, store = attacks.held_job(fault, 2, (0, 1), SECRET)
     with group:
         seen = kit.wait_until(lambda: len(kit.notes(fault.outdir, "listeners")) == 2 and
                               kit.notes(fault.outdir, "listeners"), 60, "both ranks held")
-        results, codes = _finish(fault, group, 2)
+        results, codes = attacks.finish_held(fault, group)
     assert codes == [0, 0]
     assert store.address.startswith("127.0.0.1:")
     for rank, info in seen.items():

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import ast
 import base64
-import json
 import os
 import pathlib
 
 import cloudpickle
 import pytest
 
-import _fault_kit as kit
+import _fault_attacks as attacks
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGES = ("collectives", "horovod_spark")
@@ -161,7 +160,7 @@ def test_a_failure_record_forged_in_spark_exception_text_is_never_unpickled(tmp_
 
     target = tmp_path / "unpickled"
     forged = failure_marker({"rank": 1, "size": 2, "error_type": "ValueError", "message": "x",
-                             "exc_blob": base64.b64encode(cloudpickle.dumps(kit.Bomb(str(target))))
+                             "exc_blob": base64.b64encode(cloudpickle.dumps(attacks.Bomb(str(target))))
                              .decode()})
     spark_text = f"Job aborted: ... ValueError: user data said {forged}\n"
     err = JobFailedError(failure_of(None, RuntimeError(spark_text), 2))
@@ -175,10 +174,10 @@ def test_a_pickle_sent_to_the_launchers_store_without_the_secret_is_never_run(tm
     target = tmp_path / "unpickled"
     server = TCPStore.serve("127.0.0.1", os.urandom(32))
     try:
-        blob = cloudpickle.dumps((kit.Bomb(str(target)), (), {}))
+        blob = cloudpickle.dumps((attacks.Bomb(str(target)), (), {}))
         key = b"job/fn"
         frame = bytes([1]) + len(key).to_bytes(4, "big") + key + len(blob).to_bytes(8, "big") + blob
-        kit.attack_without_secret(server.address, frame)
+        attacks.attack_without_secret(server.address, frame)
         assert not server.check("job/fn")
     finally:
         server.close()
