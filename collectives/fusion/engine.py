@@ -78,7 +78,7 @@ class FusionEngine:
         self._shutdown_requested = False
         self._mark_cycles = False
         self._stopped: Optional[tuple] = None  # (error class, text, cause)
-        self._cycle_no, self._cycle_start = 0, time.perf_counter()
+        self._cycle_no, self._synced = 0, time.perf_counter()
         self._stall = StallWatch(comm, self._config, self.rank, self.size)
         self._thread = threading.Thread(target=self._run, name=f"fusion-engine-r{self.rank}",
                                         daemon=True)
@@ -203,14 +203,16 @@ class FusionEngine:
         others join them as soon as they submit, or at the heartbeat.
         """
         if self._pending or self._joined or self._shutdown_requested:
-            delay = self._cycle_s - (time.perf_counter() - self._cycle_start)
+            # Counted from the end of the last coordination, which every rank left at
+            # nearly the same moment: the ranks' cycles stay in step and nobody spins
+            # long in the next coordination waiting for a peer.
+            delay = self._cycle_s - (time.perf_counter() - self._synced)
             if delay > 0:
                 time.sleep(delay)
         else:
             self._wake.clear()
             if not self._queue and self._wake.wait(IDLE_S) and self._cycle_s > 0:
                 time.sleep(self._cycle_s)  # let a burst of submissions gather
-        self._cycle_start = time.perf_counter()
 
     def _cycle(self) -> None:
         t0 = time.perf_counter()
@@ -221,6 +223,7 @@ class FusionEngine:
         vec, payload = self._vector()
         if self.size > 1:  # the sum over one rank is its own vector
             self._comm.allreduce(vec, out=vec, name="fusion.coordinate")
+        self._synced = time.perf_counter()
         res = self._layout.parse(vec)
         ready = [self._cache.at(bit) for bit in res.ready_bits]
         errors: list = []

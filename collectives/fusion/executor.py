@@ -18,6 +18,7 @@ without any communication, so no rank waits for a collective the others skip.
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -31,10 +32,14 @@ __all__ = ["Executor"]
 
 Response = Tuple[Signature, Optional[Request]]
 _BF16 = int(DType.BFLOAT16)
+_AVERAGE, _SUM = int(ReduceOp.AVERAGE), int(ReduceOp.SUM)
+# Plain dicts on the hot path: an enum lookup costs more than the copy of a small tensor.
+_NUMPY = {int(d): numpy_of_dtype(d) for d in DType}
+_STORAGE = {**_NUMPY, _BF16: np.dtype(np.float32)}  # what a fusion buffer holds
 
 
 def _storage(dtype: int) -> np.dtype:
-    return np.dtype(np.float32) if dtype == _BF16 else numpy_of_dtype(DType(dtype))
+    return _STORAGE[dtype]
 
 
 def _movable(flat: np.ndarray, dtype: int) -> np.ndarray:
@@ -101,9 +106,9 @@ class Executor:
             getattr(self, f"_{sig.kind}")(sig, req)
 
     def _bucket(self, buckets, sig: Signature, req) -> None:
-        op = ReduceOp.SUM if sig.op == ReduceOp.AVERAGE else ReduceOp(sig.op)
-        groups = buckets.setdefault((sig.dtype, int(op), sig.device), [])
-        nbytes = sig.count * _storage(sig.dtype).itemsize
+        op = _SUM if sig.op == _AVERAGE else sig.op
+        groups = buckets.setdefault((sig.dtype, op, sig.device), [])
+        nbytes = math.prod(sig.shape) * _STORAGE[sig.dtype].itemsize
         if not groups or sig.device != "cpu" or groups[-1][1] + nbytes > self._threshold:
             groups.append([[], 0])
         groups[-1][0].append((sig, req))
@@ -132,10 +137,11 @@ class Executor:
             buf = self._buffers[dtype] = np.empty(max(n, 2 * (0 if buf is None else buf.size)), dtype)
         return buf[:n]
 
-    def _result_flat(self, req: Request, sig: Signature) -> np.ndarray:
+    @staticmethod
+    def _result_flat(req: Request, sig: Signature, count: int) -> np.ndarray:
         if req.out is not None:
             return req.out.flat
-        return np.empty(sig.count, numpy_of_dtype(DType(sig.dtype)))
+        return np.empty(count, _NUMPY[sig.dtype])
 
     def _finish_allreduce(self, req: Request, sig: Signature, flat: np.ndarray) -> None:
         if req.out is not None:
@@ -145,42 +151,43 @@ class Executor:
 
     def _allreduce_group(self, group: List[Response]) -> None:
         sig0 = group[0][0]
-        op = ReduceOp.SUM if sig0.op == ReduceOp.AVERAGE else ReduceOp(sig0.op)
+        op = ReduceOp.SUM if sig0.op == _AVERAGE else ReduceOp(sig0.op)
         if sig0.device != "cpu":
             return self._allreduce_device(sig0, group[0][1], op)
         if len(group) == 1 and sig0.dtype != _BF16:
             return self._allreduce_single(sig0, group[0][1], op)
         t0 = time.perf_counter()
-        total = sum(sig.count for sig, _ in group)
-        fused = self._fusion_buffer(_storage(sig0.dtype), total)
-        offsets = self._pack_group(fused, group)
+        counts = [math.prod(sig.shape) for sig, _ in group]
+        total = sum(counts)
+        fused = self._fusion_buffer(_STORAGE[sig0.dtype], total)
+        offsets = self._pack_group(fused, group, counts)
         t1 = time.perf_counter()
         self._comm.allreduce(fused, out=fused, op=op, name=f"fusion.{sig0.name}+{len(group) - 1}")
         t2 = time.perf_counter()
-        for (sig, req), off in zip(group, offsets):
+        for (sig, req), off, n in zip(group, offsets, counts):
             if req is not None:
-                self._unpack(fused[off:off + sig.count], req, sig)
+                self._unpack(fused[off:off + n], req, sig, n)
         t3 = time.perf_counter()
         self._account(group, total * fused.itemsize, (t0, t1, t2, t3))
 
     @staticmethod
-    def _pack_group(fused: np.ndarray, group: List[Response]) -> List[int]:
+    def _pack_group(fused: np.ndarray, group: List[Response], counts: List[int]) -> List[int]:
         """Copy every member into the fusion buffer; returns their offsets."""
         offsets, off = [], 0
-        for sig, _ in group:
+        for n in counts:
             offsets.append(off)
-            off += sig.count
+            off += n
         if all(req is not None and sig.prescale == 1.0 for sig, req in group) and \
                 group[0][0].dtype != _BF16:
             np.concatenate([req.buf.flat for _, req in group], out=fused)  # one call, no loop
             return offsets
-        for (sig, req), off in zip(group, offsets):
-            _pack(fused[off:off + sig.count], req, sig)
+        for (sig, req), off, n in zip(group, offsets, counts):
+            _pack(fused[off:off + n], req, sig)
         return offsets
 
-    def _unpack(self, part: np.ndarray, req: Request, sig: Signature) -> None:
-        post = sig.postscale / self._size if sig.op == ReduceOp.AVERAGE else sig.postscale
-        dst = self._result_flat(req, sig)
+    def _unpack(self, part: np.ndarray, req: Request, sig: Signature, count: int) -> None:
+        post = sig.postscale / self._size if sig.op == _AVERAGE else sig.postscale
+        dst = self._result_flat(req, sig, count)
         if sig.dtype == _BF16:
             _scale(part, post)
             _narrow_bf16(part, dst)
@@ -193,11 +200,12 @@ class Executor:
 
     def _allreduce_single(self, sig: Signature, req: Optional[Request], op: ReduceOp) -> None:
         t0 = time.perf_counter()
-        post = sig.postscale / self._size if sig.op == ReduceOp.AVERAGE else sig.postscale
+        post = sig.postscale / self._size if sig.op == _AVERAGE else sig.postscale
+        count = math.prod(sig.shape)
         if req is None:
-            src = dst = np.zeros(sig.count, numpy_of_dtype(DType(sig.dtype)))
+            src = dst = np.zeros(count, _NUMPY[sig.dtype])
         else:
-            src, dst = req.buf.flat, self._result_flat(req, sig)
+            src, dst = req.buf.flat, self._result_flat(req, sig, count)
         self._comm.allreduce(src, out=src if dst is src else dst, op=op, prescale=sig.prescale,
                              postscale=post, name=sig.name)
         t1 = time.perf_counter()
