@@ -277,12 +277,13 @@ class Executor:
             self._done(req, req.buf.wrap(out), None)
 
     def _broadcast(self, sig: Signature, req: Optional[Request]) -> None:
-        if req is not None and req.buf.kind == "cuda":
-            target = req.buf.source if req.out is None else req.out.source
+        if req is not None and req.buf.kind == "cuda":  # torch or CuPy: both index-assign
+            src = req.buf.source
+            target = src if req.out is None else req.out.source
             if req.out is None:
-                target = target.clone()
-            elif target is not req.buf.source:
-                target.copy_(req.buf.source)
+                target = src.clone() if hasattr(src, "clone") else src.copy()
+            elif target is not src:
+                target[...] = src
             self._timed(sig, req, lambda: self._comm.broadcast(target, root=sig.root, name=sig.name))
             return self._done(req, target, None)
         if req is None:
@@ -300,6 +301,8 @@ class Executor:
             self._done(req, result, None)
 
     def _reducescatter(self, sig: Signature, req: Optional[Request]) -> None:
+        if req is not None and req.buf.kind == "cuda":
+            return self._reducescatter_device(sig, req)
         if req is None:
             x = np.zeros(sig.count, _storage(sig.dtype))
         elif sig.dtype == _BF16 or sig.prescale != 1.0:
@@ -317,6 +320,12 @@ class Executor:
             _narrow_bf16(out.reshape(-1), narrow.reshape(-1))
             out = narrow
         self._done(req, req.buf.wrap(out), None)
+
+    def _reducescatter_device(self, sig: Signature, req: Request) -> None:
+        x = req.buf.source if sig.prescale == 1.0 else req.buf.source * sig.prescale
+        out = self._timed(sig, req, lambda: self._comm.reducescatter(x, op=ReduceOp(sig.op),
+                                                                     name=sig.name))
+        self._done(req, out if sig.postscale == 1.0 else out * sig.postscale, None)
 
     def _alltoall(self, sig: Signature, req: Optional[Request]) -> None:
         src = req.buf.source if req.buf.kind == "cuda" else \
