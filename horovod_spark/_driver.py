@@ -29,6 +29,8 @@ from collectives.errors import describe
 from . import _checks
 from ._output import LineSink, LogServer, parse_failure_markers
 from ._pickling import code_files, pickle_job, restore_frames
+from .progress import ENABLED as _PROGRESS_ENV
+from .progress import PROGRESS_MARK, Tracked
 
 __all__ = ["JobFailedError", "run_on_spark", "run_on_driver", "JobOptions"]
 
@@ -46,6 +48,8 @@ class JobFailedError(RuntimeError):
                  files: Optional[Mapping[str, str]] = None) -> None:
         if files and record.get("traceback"):
             record = dict(record, traceback=restore_frames(record["traceback"], files))
+        if record.get("tail"):  # progress records are for the bar, not for the reader
+            record = dict(record, tail=[ln for ln in record["tail"] if PROGRESS_MARK not in ln])
         self.record = record
         self.rank: Optional[int] = record.get("rank")
         self.size: Optional[int] = record.get("size")
@@ -188,6 +192,23 @@ def _restarting(opts: JobOptions, attempt: int, exc: "JobFailedError") -> bool:
     return True
 
 
+def _tracked(fn, opts: JobOptions):
+    """The function the ranks run: with the progress step hook when the job shows progress."""
+    return Tracked(fn) if set(_PROGRESS_ENV) <= set(opts.env) and callable(fn) else fn
+
+
+def _payload(fn, args, kwargs, opts: JobOptions) -> bytes:
+    tracked = _tracked(fn, opts)
+    if tracked is not fn:
+        try:
+            import cloudpickle
+
+            return cloudpickle.dumps((tracked, tuple(args), dict(kwargs or {})))
+        except Exception:
+            pass  # pickle_job says which part cannot be pickled
+    return pickle_job(fn, args, kwargs)
+
+
 def run_on_driver(fn, args, kwargs, opts: JobOptions) -> list:
     """-np ranks on this machine through collectives.launch; no Spark tasks."""
     from collectives.launch import RankFailed, run_local
@@ -196,7 +217,7 @@ def run_on_driver(fn, args, kwargs, opts: JobOptions) -> list:
     size = -opts.np
     for attempt in range(opts.max_restarts + 1):
         try:
-            return run_local(fn, size, args=args, kwargs=kwargs, env=dict(opts.env),
+            return run_local(_tracked(fn, opts), size, args=args, kwargs=kwargs, env=dict(opts.env),
                              stdout=opts.stdout, stderr=opts.stderr)
         except RankFailed as exc:
             rec = {"rank": exc.rank, "size": size, "host": "localhost", "exitcode": exc.exitcode,
@@ -231,7 +252,7 @@ def run_on_spark(spark, fn, args, kwargs, opts: JobOptions) -> list:
     """One barrier stage of opts.np tasks per attempt; every rank's value in rank order."""
     sc = spark.sparkContext
     limit = _checks_before_submit(sc, opts)
-    payload = pickle_job(fn, args, kwargs)
+    payload = _payload(fn, args, kwargs, opts)
     secret, job_id = os.urandom(32), f"hvs-{uuid.uuid4().hex[:12]}"
     for attempt in range(opts.max_restarts + 1):
         if attempt:

@@ -9,10 +9,11 @@ active SparkSession an embedded local one is started (see `_session`).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from . import _checks
+from . import _checks, progress
 from ._driver import JobFailedError, JobOptions, run_on_driver, run_on_spark
 from ._session import get_session
 
@@ -37,9 +38,14 @@ def _env_items(env: Optional[Mapping[str, str]]):
 
 
 def _launch(fn, args, kwargs, opts: JobOptions) -> list:
-    if opts.np < 0:
-        return run_on_driver(fn, args, kwargs, opts)
-    return run_on_spark(get_session(opts.np), fn, args, kwargs, opts)
+    with progress.Display(opts.verbose) as display:  # the progress bar, from the ranks' records
+        if display.enabled:
+            opts = dataclasses.replace(opts, stdout=display.stream(opts.stdout),
+                                       stderr=display.stream(opts.stderr, "stderr"),
+                                       env=opts.env + display.env)
+        if opts.np < 0:
+            return run_on_driver(fn, args, kwargs, opts)
+        return run_on_spark(get_session(opts.np), fn, args, kwargs, opts)
 
 
 class HorovodRunner:
@@ -51,10 +57,13 @@ class HorovodRunner:
         driver_log_verbosity: "log_callback_only" (Databricks' default) shows only what
             the ranks send with `horovod_spark.log_to_driver`; "all" streams every line of
             every rank's stdout and stderr, prefixed `[rank]<stdout>:`.
+        verbose: 0 hides the progress bar (see `horovod_spark.progress`).
     """
 
-    def __init__(self, np: int, driver_log_verbosity: str = "log_callback_only") -> None:
+    def __init__(self, np: int, driver_log_verbosity: str = "log_callback_only",
+                 verbose: int = 1) -> None:
         self.num_processor = _checks.check_np(np)
+        self.verbose = int(verbose)
         if driver_log_verbosity not in _VERBOSITY:
             raise ValueError(f"driver_log_verbosity must be 'all' or 'log_callback_only', "
                              f"got {driver_log_verbosity!r}")
@@ -68,7 +77,8 @@ class HorovodRunner:
         """
         np_ = self.num_processor
         opts = JobOptions(np=np_, show_output=np_ < 0 or self.driver_log_verbosity == "all",
-                          rank0_only=True, start_timeout=_start_timeout(None))
+                          rank0_only=True, start_timeout=_start_timeout(None),
+                          verbose=self.verbose)
         return _launch(main, (), kwargs, opts)[0]
 
 
