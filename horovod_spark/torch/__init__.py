@@ -24,13 +24,16 @@ from ._state import (cross_rank, cross_size, init, is_homogeneous, is_initialize
 from .compression import Compression
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters)
-from .mpi_ops import (Adasum, Average, Max, Min, Product, ProcessSet, Sum, allgather_async,
-                      allreduce_async, allreduce_async_, alltoall_async, barrier, broadcast_async,
-                      broadcast_async_, global_process_set, grouped_allreduce_async,
-                      grouped_allreduce_async_, join, poll, reducescatter_async, synchronize)
+from .mpi_ops import (Adasum, Average, Max, Min, Product, ProcessSet, Sum, add_process_set,
+                      allgather_async, allreduce_async, allreduce_async_, alltoall_async, barrier,
+                      broadcast_async, broadcast_async_, global_process_set,
+                      grouped_allgather_async, grouped_allreduce_async, grouped_allreduce_async_,
+                      grouped_reducescatter_async, join, poll, reducescatter_async,
+                      remove_process_set, synchronize)
 from .optimizer import DistributedOptimizer
 from .sync_ops import (allgather, allreduce, allreduce_, alltoall, broadcast, broadcast_,
-                       grouped_allreduce, grouped_allreduce_, reducescatter)
+                       grouped_allgather, grouped_allreduce, grouped_allreduce_,
+                       grouped_reducescatter, reducescatter)
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
@@ -38,10 +41,13 @@ __all__ = [
     "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
     "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built",
     "Average", "Sum", "Adasum", "Min", "Max", "Product", "ProcessSet", "global_process_set",
+    "add_process_set", "remove_process_set",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
     "allgather", "allgather_async", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
     "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
+    "grouped_allgather", "grouped_allgather_async", "grouped_reducescatter",
+    "grouped_reducescatter_async",
     "synchronize", "poll", "join", "barrier",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
     "Compression", "DistributedOptimizer",

@@ -25,7 +25,9 @@ from . import _state
 __all__ = ["Average", "Sum", "Adasum", "Min", "Max", "Product", "TorchHandle", "ProcessSet",
            "global_process_set", "allreduce_async", "allreduce_async_", "grouped_allreduce_async",
            "grouped_allreduce_async_", "allgather_async", "broadcast_async", "broadcast_async_",
-           "alltoall_async", "reducescatter_async", "synchronize", "poll", "join", "barrier",
+           "alltoall_async", "reducescatter_async", "grouped_allgather_async",
+           "grouped_reducescatter_async", "add_process_set", "remove_process_set",
+           "synchronize", "poll", "join", "barrier",
            "handle_average_backwards_compatibility"]
 
 Average = ReduceOp.AVERAGE
@@ -206,6 +208,43 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
                                op=Sum if int_avg else op, prescale=prescale_factor,
                                postscale=postscale_factor)
     return TorchHandle([h], _reduce_finish(int_avg, None))
+
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> TorchHandle:
+    """allgather of each tensor, submitted together; synchronize returns a list."""
+    _check_process_set(process_set)
+    base = _state.op_name("grouped_allgather", name)
+    eng = _state.engine()
+    return TorchHandle([eng.submit(f"{base}.{i}", "allgather", t) for i, t in enumerate(tensors)],
+                       list)
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0) -> TorchHandle:
+    """reducescatter of each tensor, submitted together; synchronize returns a list."""
+    _check_process_set(process_set)
+    op = handle_average_backwards_compatibility(op, None)
+    base = _state.op_name("grouped_reducescatter", name)
+    handles, floors = [], []
+    for i, t in enumerate(tensors):
+        int_avg = _integer_average(t, op)
+        handles.append(_state.engine().submit(f"{base}.{i}", "reducescatter", t,
+                                              op=Sum if int_avg else op, prescale=prescale_factor,
+                                              postscale=postscale_factor))
+        floors.append(int_avg)
+
+    def finish(results):
+        return [r.floor_divide_(_state.size()) if f else r for r, f in zip(results, floors)]
+    return TorchHandle(handles, finish)
+
+
+def add_process_set(process_set):
+    raise NotSupported("process sets are not supported by horovod_spark; every op runs on "
+                       "the global process set")
+
+
+def remove_process_set(process_set):
+    raise NotSupported("process sets are not supported by horovod_spark")
 
 
 def synchronize(handle: TorchHandle):

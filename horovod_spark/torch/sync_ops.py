@@ -16,7 +16,8 @@ from . import mpi_ops as M
 from .compression import Compression
 
 __all__ = ["allreduce", "allreduce_", "grouped_allreduce", "grouped_allreduce_", "allgather",
-           "broadcast", "broadcast_", "alltoall", "reducescatter"]
+           "grouped_allgather", "broadcast", "broadcast_", "alltoall", "reducescatter",
+           "grouped_reducescatter"]
 
 
 class _Allreduce(torch.autograd.Function):
@@ -170,3 +171,48 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=M.Average,
     compressed, cctx = compression.compress(tensor)
     out = _Reducescatter.apply(compressed, name, op, prescale_factor, postscale_factor)
     return compression.decompress(out, cctx)
+
+
+class _GroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, *tensors):
+        ctx.rows = [t.shape[0] if t.dim() else 1 for t in tensors]
+        return tuple(M.synchronize(M.grouped_allgather_async(list(tensors), name=name)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        reduced = grouped_allreduce(list(grads), op=M.Average)
+        rows = M.synchronize(M.allgather_async(torch.tensor([ctx.rows], dtype=torch.int64)))
+        offsets = rows[:_state.rank()].sum(0).tolist()
+        return (None, *[g.narrow(0, off, n) for g, off, n in zip(reduced, offsets, ctx.rows)])
+
+
+def grouped_allgather(tensors, name=None, process_set=M.global_process_set):
+    """allgather of each tensor, as one group."""
+    M._check_process_set(process_set)
+    return list(_GroupedAllgather.apply(name, *tensors))
+
+
+class _GroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, pre, post, *tensors):
+        ctx.scale = pre * post / (_state.size() if op == M.Average else 1)
+        return tuple(M.synchronize(M.grouped_reducescatter_async(
+            list(tensors), name=name, op=op, prescale_factor=pre, postscale_factor=post)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        gathered = M.synchronize(M.grouped_allgather_async([g.contiguous() for g in grads]))
+        return (None, None, None, None, *[g * ctx.scale for g in gathered])
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=M.Average,
+                          process_set=M.global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    """reducescatter of each tensor, as one group."""
+    M._check_process_set(process_set)
+    op = M.handle_average_backwards_compatibility(op, None)
+    pairs = [compression.compress(t) for t in tensors]
+    out = _GroupedReducescatter.apply(name, op, prescale_factor, postscale_factor,
+                                      *[c for c, _ in pairs])
+    return [compression.decompress(o, cctx) for o, (_, cctx) in zip(out, pairs)]

@@ -143,6 +143,26 @@ def reducescatter_matches_numpy(hvd):
     close(s, full[start:start + (3 if r == 0 else 2)] * n, torch.float64)
 
 
+def grouped_allgather_and_reducescatter_match_numpy(hvd):
+    r, n = hvd.rank(), hvd.size()
+    a, b = torch.full((r + 1, 2), float(r)), torch.arange(3, dtype=torch.int64) + 10 * r
+    ga, gb = hvd.grouped_allgather([a, b], name="gag")
+    assert ga[:, 0].tolist() == [float(k) for k in range(n) for _ in range(k + 1)]
+    assert gb.tolist() == [10 * k + i for k in range(n) for i in range(3)]
+    shape = (2 * n + 1, 3)
+    xs = [data(r, shape, torch.float64, 11), data(r, shape, torch.float32, 12)]
+    outs = hvd.grouped_reducescatter(xs, op=hvd.Sum)
+    start, rows = (0, 3) if r == 0 else (3 + 2 * (r - 1), 2)
+    for x, o, tag in zip(xs, outs, (11, 12)):
+        close(o, want(n, shape, x.dtype, "sum", tag)[start:start + rows], x.dtype)
+    try:
+        hvd.add_process_set([0])
+    except hvd.NotSupported:
+        pass
+    else:
+        raise AssertionError("add_process_set did not refuse")
+
+
 def gradients_flow_through_allreduce_allgather_and_broadcast(hvd):
     r, n = hvd.rank(), hvd.size()
     a = torch.ones(3, requires_grad=True)
@@ -232,6 +252,7 @@ CHECKS = [placement_matches_the_launcher, allreduce_of_every_op_and_dtype_matche
           async_variants_and_scale_factors_match_numpy, grouped_allreduce_of_mixed_dtypes_matches_numpy,
           allgather_with_different_first_dims_matches_numpy, broadcast_from_every_root_matches_numpy,
           alltoall_with_and_without_splits_matches_numpy, reducescatter_matches_numpy,
+          grouped_allgather_and_reducescatter_match_numpy,
           gradients_flow_through_allreduce_allgather_and_broadcast,
           fp16_compression_keeps_the_dtype_and_the_value, objects_and_parameters_broadcast_from_the_root,
           optimizer_state_broadcasts_from_the_root, a_mismatch_raises_on_every_rank_naming_the_tensor,
