@@ -59,7 +59,8 @@ class FusionEngine:
         self.rank, self.size = comm.rank, comm.size
         self._cycle_s = self._config.cycle_time_ms / 1000.0
         self._lock = threading.Lock()
-        self._wake = threading.Event()
+        self._wake = threading.Event()  # a submission arrived
+        self._kick = threading.Event()  # someone waits on a handle: cycle now
         self._queue: list = []
         self._names: set = set()
         self._pending: Dict[str, Request] = {}
@@ -101,7 +102,7 @@ class FusionEngine:
         if kind == "join":
             return self._submit_join()
         req = make_request(name, kind, buffer, out, op, prescale, postscale, root, splits,
-                           dtype, self.rank, self.size)
+                           dtype, self.rank, self.size, self._kick.set)
         with self._lock:
             if self._stopped is not None:
                 self._raise_if_stopped(req.sig.kind, req.sig.tensor())
@@ -167,7 +168,7 @@ class FusionEngine:
 
     # -- submission side -------------------------------------------------------
     def _submit_join(self) -> Handle:
-        handle = Handle("join", "join", self.rank, self.size)
+        handle = Handle("join", "join", self.rank, self.size, None, self._kick.set)
         with self._lock:
             self._raise_if_stopped("join", "join")
             self._queue.append(handle)
@@ -208,11 +209,12 @@ class FusionEngine:
             # long in the next coordination waiting for a peer.
             delay = self._cycle_s - (time.perf_counter() - self._synced)
             if delay > 0:
-                time.sleep(delay)
+                self._kick.wait(delay)
         else:
             self._wake.clear()
             if not self._queue and self._wake.wait(IDLE_S) and self._cycle_s > 0:
-                time.sleep(self._cycle_s)  # let a burst of submissions gather
+                self._kick.wait(self._cycle_s)  # let a burst of submissions gather
+        self._kick.clear()
 
     def _cycle(self) -> None:
         t0 = time.perf_counter()

@@ -155,7 +155,7 @@ def _out_buf(out, buf: B.Buf, kind: str, what: str) -> Optional[B.Buf]:
 
 def make_request(name: str, kind: str, buffer, out, op, prescale: float, postscale: float,
                  root: int, splits: Optional[Sequence[int]], dtype: Optional[DType],
-                 rank: int, size: int) -> Request:
+                 rank: int, size: int, kick=None) -> Request:
     """Validate one submission and build its request (raises ValueError / TypeError)."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"every op needs a non-empty name, got {name!r}")
@@ -164,7 +164,7 @@ def make_request(name: str, kind: str, buffer, out, op, prescale: float, postsca
         raise ValueError(f"{what}: unknown kind; use one of {', '.join(KINDS)}")
     if kind == "barrier":
         sig = Signature(name, kind, int(DType.UINT8), (), 0, 0, 1.0, 1.0)
-        return Request(sig, None, None, None, Handle(name, kind, rank, size, sig))
+        return Request(sig, None, None, None, Handle(name, kind, rank, size, sig, kick))
     writable = out is not None and out is buffer
     buf = _as_buf(buffer, dtype, writable, f"{what} input")
     rop = _check_op(kind, op, buf.dtype, float(prescale), float(postscale), what)
@@ -181,5 +181,5 @@ def make_request(name: str, kind: str, buffer, out, op, prescale: float, postsca
     device = "cuda" if buf.kind == "cuda" else "cpu"
     sig = Signature(name, kind, int(buf.dtype), sig_shape, int(rop),
                     int(root) if kind == "broadcast" else 0, float(prescale), float(postscale), device)
-    handle = Handle(name, kind, rank, size, sig)
+    handle = Handle(name, kind, rank, size, sig, kick)
     return Request(sig, buf, _out_buf(out, buf, kind, what), splits, handle)
