@@ -61,7 +61,8 @@ def measure(job: kit.FaultJob, out, victim: int, size: int, since: str = "killed
         "why": "" if out.notes(since) or not out.error else str(out.error).splitlines()[0][:160],
         "rank named": getattr(out.error, "rank", None) if out.error else None,
         "detect_s": None if t_fault is None else round(out.raised_at - t_fault, 3),
-        "survivor_s": None if t_fault is None or first_err is None else round(first_err - t_fault, 3),
+        "survivor_s": None if t_fault is None or first_err is None
+        else round(first_err - t_fault, 3),
         "survivors named": _named(errors, victim, size),
         "procs left": procs, "shm left": segs,
     }
@@ -89,7 +90,8 @@ def local_faults(root: str, repeat: int) -> list:
     run("SIGKILL, random point of hvd training (shm)", ranks.train_and_die,
         lambda j, i: (j.outdir, 2, delay(i) / 2, "fused", 1 << 17), 2)
     for point, victim in (("before-init", 1), ("after-publishing-its-address", 1),
-                          ("after-publishing-the-shm-name", 0), ("after-creating-shared-memory", 0)):
+                          ("after-publishing-the-shm-name", 0),
+                          ("after-creating-shared-memory", 0)):
         run(f"SIGKILL in rendezvous, {point}", ranks.rendezvous_and_die,
             lambda j, i, p=point, v=victim: (j.outdir, v, p), victim)
     run("connection reset mid-transfer (tcp)", ranks.train_and_reset,
@@ -139,8 +141,8 @@ def driver_death(root: str) -> list:
         drv.send_signal(sig)
         drv.wait(30)
         seconds, left = kit.wait_gone(job.tag, 10.0)
-        rows.append({"fault": f"driver {sig.name}ed", "ranks gone_s": round(time.monotonic() - t0, 3),
-                     "procs left": len(left)})
+        rows.append({"fault": f"driver {sig.name}ed",
+                     "ranks gone_s": round(time.monotonic() - t0, 3), "procs left": len(left)})
         job.cleanup()
     return rows
 
@@ -150,7 +152,8 @@ def spark_faults(root: str) -> list:
     for name, fn, args, tcp in (
             ("Spark: SIGKILL during training (tcp)", ranks.train_and_die, (1, 0.5), True),
             ("Spark: SIGKILL during hvd training", ranks.train_and_die, (1, 0.5, "fused"), False),
-            ("Spark: SIGKILL before rendezvous", ranks.rendezvous_and_die, (1, "before-init"), False)):
+            ("Spark: SIGKILL before rendezvous", ranks.rendezvous_and_die, (1, "before-init"),
+             False)):
         job = job_at(root, name)
         out = kit.run_spark_job(fn, 2, args=(job.outdir,) + args, env=job.env(tcp=tcp),
                                 outdir=job.outdir)
@@ -194,11 +197,11 @@ def job_under_attack(n: int) -> list:
         rows = []
         for name, addr, ctx, proc in (("launcher store (live job)", store.address, "store", None),
                                       ("rank 0 mesh listener (live job)", mesh, "mesh", rank0)):
-            rss = (proc or psutil.Process()).memory_info().rss
-            t0 = time.monotonic()
+            proc = proc or psutil.Process()
+            rss, t0 = proc.memory_info().rss, time.monotonic()
             got = attacks.battery(addr, ctx, SECRET, n)
             rows.append({"server": name, "inputs": n + 4, "answered": len(got),
-                         "rss growth KiB": ((proc or psutil.Process()).memory_info().rss - rss) >> 10,
+                         "rss growth KiB": (proc.memory_info().rss - rss) >> 10,
                          "per connection ms": round(1000 * (time.monotonic() - t0) / (n + 4), 3)})
         results, codes = attacks.finish_held(job, group)
     ok = codes == [0, 0] and all(v["value"] == 3.0 for v in results.values())
@@ -215,7 +218,8 @@ def soak(total: int) -> dict:
                             env=job.env(HOROVOD_FUSION_THRESHOLD=256 * 1024))
     if out.error:
         return {"error": str(out.error)[:500]}
-    return {"allreduces per rank": out.value[0]["count"], "ranks": 3, "seconds": round(time.monotonic() - t0, 1),
+    return {"allreduces per rank": out.value[0]["count"], "ranks": 3,
+            "seconds": round(time.monotonic() - t0, 1),
             "wrong": sum(r["wrong"] for r in out.value),
             "float32 digests": len({r["float_digest"] for r in out.value}),
             "float32 worst": max(r["float_worst"] for r in out.value),
@@ -253,7 +257,8 @@ def summarize(rows: list) -> list:
                         "rank named": sorted({str(r["rank named"]) for r in rs}),
                         "detect s (median/max)": f"{statistics.median(det):.2f} / {max(det):.2f}"
                         if det else "-",
-                        "survivors' error s (median)": f"{statistics.median(surv):.2f}" if surv else "-",
+                        "survivors' error s (median)":
+                            f"{statistics.median(surv):.2f}" if surv else "-",
                         "survivors named": sorted({r["survivors named"] for r in rs}),
                         "procs left": sum(r["procs left"] for r in rs),
                         "shm left": sum(r["shm left"] for r in rs)})

@@ -92,7 +92,8 @@ def fuzz_strings(seed: int, n: int) -> list:
     size = len(_auth.MAGIC) + _auth.NONCE + _auth.MAC
     out = []
     for i in range(n):
-        length = rng.choice([0, 1, 3, 4, 5, rng.randrange(0, 64), size, size, rng.randrange(size, 600)])
+        length = rng.choice([0, 1, 3, 4, 5, rng.randrange(0, 64), size, size,
+                             rng.randrange(size, 600)])
         data = rng.randbytes(length)
         if i % 3 == 0:
             data = _auth.MAGIC + data

@@ -130,8 +130,11 @@ def run_local_job(fn, np_: int, args=(), env=None, outdir=".", timeout: float = 
 def run_spark_job(fn, np_: int, args=(), env=None, outdir=".", **kw) -> Outcome:
     import horovod_spark
 
-    return run_job(lambda sink: horovod_spark.run(fn, args=args, num_proc=np_, env=env,
-                                                  stdout=sink, stderr=sink, verbose=0, **kw), outdir)
+    def launch(sink):
+        return horovod_spark.run(fn, args=args, num_proc=np_, env=env, stdout=sink, stderr=sink,
+                                 verbose=0, **kw)
+
+    return run_job(launch, outdir)
 
 
 # --------------------------------------------------------------------------- leftovers

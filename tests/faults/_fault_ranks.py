@@ -74,10 +74,12 @@ def _allreduce_loop(comm, nelem, seconds):
 def _fused_loop(hvd, nelem, tensors, seconds):
     import torch
 
-    grads = [torch.full((nelem,), float(hvd.rank() + i), dtype=torch.float32) for i in range(tensors)]
+    grads = [torch.full((nelem,), float(hvd.rank() + i), dtype=torch.float32)
+             for i in range(tensors)]
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        handles = [hvd.allreduce_async(g, name=f"grad.{i}", op=hvd.Sum) for i, g in enumerate(grads)]
+        handles = [hvd.allreduce_async(g, name=f"grad.{i}", op=hvd.Sum)
+                   for i, g in enumerate(grads)]
         for h in handles:
             hvd.synchronize(h)
     return "no fault fired"

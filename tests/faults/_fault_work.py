@@ -31,7 +31,8 @@ def soak_batch(rng, size, batch, max_elems, fixed):
         if i < len(fixed):
             n, dt = fixed[i]
         else:
-            n = int(rng.integers(0, max_elems + 1)) if rng.random() < 0.9 else int(rng.integers(0, 8))
+            tiny = rng.random() >= 0.9
+            n = int(rng.integers(0, 8)) if tiny else int(rng.integers(0, max_elems + 1))
             dt = SOAK_DTYPES[int(rng.integers(len(SOAK_DTYPES)))]
         low = 0 if dt == "uint8" else -4
         vals = rng.integers(low, 5, size=(size, n)).astype(np.float64)  # sums stay exact

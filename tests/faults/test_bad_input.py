@@ -108,14 +108,17 @@ def comm():
 
 
 TENSOR_ERRORS = [
-    ("complex numpy", lambda c: c.allreduce(np.ones(3, np.complex64)), TypeError, "unsupported dtype complex64"),
-    ("object numpy", lambda c: c.allreduce(np.array([1, "a"], object)), TypeError, "unsupported dtype object"),
-    ("uint16 numpy", lambda c: c.allreduce(np.ones(3, np.uint16)), TypeError, "unsupported dtype uint16"),
+    ("complex numpy", lambda c: c.allreduce(np.ones(3, np.complex64)), TypeError,
+     "unsupported dtype complex64"),
+    ("object numpy", lambda c: c.allreduce(np.array([1, "a"], object)), TypeError,
+     "unsupported dtype object"),
+    ("uint16 numpy", lambda c: c.allreduce(np.ones(3, np.uint16)), TypeError,
+     "unsupported dtype uint16"),
     ("complex torch", lambda c: c.allreduce(torch.ones(3, dtype=torch.complex64)), TypeError,
      "unsupported dtype complex64"),
     ("a string", lambda c: c.allreduce("abc"), TypeError, "unsupported dtype"),
-    ("AVERAGE of ints", lambda c: c.allreduce(np.ones(3, np.int32), op=ReduceOp.AVERAGE), TypeError,
-     "AVERAGE needs a floating dtype"),
+    ("AVERAGE of ints", lambda c: c.allreduce(np.ones(3, np.int32), op=ReduceOp.AVERAGE),
+     TypeError, "AVERAGE needs a floating dtype"),
     ("an unknown op", lambda c: c.allreduce(np.ones(3, np.float32), op=99), ValueError,
      "not a valid ReduceOp"),
     ("a root outside the world", lambda c: c.broadcast(np.ones(3, np.float32), root=5), ValueError,
@@ -123,7 +126,8 @@ TENSOR_ERRORS = [
     ("an out of another dtype", lambda c: c.allreduce(np.ones(3, np.float32), out=np.ones(3)),
      ValueError, "output float64"),
     ("a non-contiguous numpy out", lambda c: c.allreduce(
-        np.ones(4, np.float32), out=np.ones((4, 2), np.float32)[:, 0]), ValueError, "not C-contiguous"),
+        np.ones(4, np.float32), out=np.ones((4, 2), np.float32)[:, 0]), ValueError,
+     "not C-contiguous"),
     ("a non-contiguous torch broadcast", lambda c: c.broadcast(torch.ones(4, 4).t()), ValueError,
      r"not contiguous .* call .contiguous\(\)"),
     ("a read-only broadcast", lambda c: c.broadcast(np.frombuffer(b"\0" * 16, np.float32)),

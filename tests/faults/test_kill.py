@@ -59,7 +59,7 @@ def test_a_rank_killed_at_a_random_point_of_training_is_named_and_nothing_is_lef
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("seed", SEEDS[:1])
 def test_a_rank_killed_at_a_random_point_of_hvd_training_is_named_and_nothing_is_left(fault, seed):
     delay = random.Random(seed).uniform(0.05, 0.6)
     out = kit.run_local_job(ranks.train_and_die, 3,

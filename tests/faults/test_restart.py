@@ -21,8 +21,8 @@ def _run(np_, ckpt_dir, fault, die_rank, max_restarts):
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_spark_ranks_restart_from_the_checkpoint_and_end_with_the_undisturbed_weights(spark,
-                                                                                    tmp_path, fault):
+def test_spark_ranks_restart_from_the_checkpoint_and_end_with_the_undisturbed_weights(
+        spark, tmp_path, fault):
     calm = _run(2, tmp_path / "calm", fault, None, 0)
     assert calm.error is None, calm.error
     hurt = _run(2, tmp_path / "hurt", fault, 1, 1)

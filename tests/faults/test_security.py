@@ -139,8 +139,8 @@ def test_a_job_whose_store_and_mesh_listener_are_attacked_meanwhile_computes_the
         mesh = attacks.rank0_listener(fault, group, store)
         rank0 = psutil.Process(kit.notes(fault.outdir, "pid")[0]["pid"])
         rss, before = rank0.memory_info().rss, store.rejected
-        assert attacks.battery(store.address, "store", SECRET, FUZZ) == {}, "the store answered an attack"
-        assert attacks.battery(mesh, "mesh", SECRET, FUZZ) == {}, "rank 0's mesh listener answered an attack"
+        assert attacks.battery(store.address, "store", SECRET, FUZZ) == {}, "the store answered"
+        assert attacks.battery(mesh, "mesh", SECRET, FUZZ) == {}, "rank 0's listener answered"
         growth = rank0.memory_info().rss - rss
         results, codes = attacks.finish_held(fault, group)
     assert store.rejected - before == FUZZ + 4

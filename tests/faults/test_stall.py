@@ -58,7 +58,7 @@ def test_a_rank_stalled_in_a_plain_allreduce_fails_the_others_at_the_timeout_nam
     for r in (0, 2):  # the first to time out leaves; the other may see it leave first
         assert errors[r]["type"] in ("CollectiveTimeout", "PeerLostError"), errors[r]
         after = errors[r]["t"] - stalled_at
-        assert OP_TIMEOUT <= after < OP_TIMEOUT + 10, f"rank {r} failed {after:.1f} s into the stall"
+        assert OP_TIMEOUT <= after < OP_TIMEOUT + 10, f"rank {r} failed {after:.1f} s into it"
     assert any(e["type"] == "CollectiveTimeout" and "peer rank 1 " in e["message"]
                and f"after {OP_TIMEOUT:g} s" in e["message"] for e in errors.values()), errors
     assert_nothing_left(out, fault)

@@ -25,28 +25,30 @@ PACKAGES = ("collectives", "horovod_spark")
 PICKLERS = {"pickle", "cloudpickle", "_pickle", "dill"}
 
 AUTH_STORE = "a TCPStore/StoreServer connection, which runs the mutual HMAC handshake first"
+OWN_STORE = "its own store, written only over " + AUTH_STORE
 MESH = "bytes received over the authenticated mesh (every peer proved the job secret)"
 SPARK = "Spark's own task-result channel (collect()), which PySpark itself unpickles"
+USER_MODEL = "the model the user's own job pickled, from a Spark broadcast or the user's Store"
 #: (file, function) -> where the bytes come from and why that is trusted.
 REVIEWED = {
-    ("collectives/worker.py", "main"): "the job payload, read from the launcher's store over " + AUTH_STORE,
-    ("collectives/_procs.py", "RankFailed.original"): "a rank's exception, from the launcher's own store",
-    ("collectives/_procs.py", "RankGroup._record"): "a rank's result, from the launcher's own store, "
-                                                    "written only over " + AUTH_STORE,
-    ("horovod_spark/_task.py", "RankProcess._record"): "the child's error record, from the task's own "
-                                                        "store, written only over " + AUTH_STORE,
-    ("horovod_spark/_driver.py", "JobFailedError.original"): "exc_blob of a failure record from the "
-                                                             "authenticated log channel (see below)",
+    ("collectives/worker.py", "main"): "the job payload, from the launcher's store over "
+                                       + AUTH_STORE,
+    ("collectives/_procs.py", "RankFailed.original"): "a rank's exception, from the launcher's "
+                                                      + OWN_STORE,
+    ("collectives/_procs.py", "RankGroup._record"): "a rank's result, from the launcher's "
+                                                    + OWN_STORE,
+    ("horovod_spark/_task.py", "RankProcess._record"): "the child's error record, from the "
+                                                        "task's " + OWN_STORE,
+    ("horovod_spark/_driver.py", "JobFailedError.original"): "exc_blob of a failure record from "
+                                                             "the authenticated log channel "
+                                                             "(but see MARKER_PICKLE)",
     ("horovod_spark/_driver.py", "_values"): SPARK,
     ("horovod_spark/estimator/_launch.py", "_stage"): SPARK,
-    ("horovod_spark/estimator/_torch_io.py", "loads_model"): "the model the user's own job pickled, "
-                                                            "from a Spark broadcast or the user's Store",
-    ("horovod_spark/estimator/_keras_io.py", "loads_model"): "the Keras model the user's own job "
-                                                            "pickled, from a Spark broadcast or the "
-                                                            "user's Store",
+    ("horovod_spark/estimator/_torch_io.py", "loads_model"): USER_MODEL,
+    ("horovod_spark/estimator/_keras_io.py", "loads_model"): USER_MODEL,
     ("horovod_spark/estimator/_train_keras.py", "_fit"): "the estimator's spec, shipped by the "
-                                                         "driver inside the barrier stage (Spark's "
-                                                         "task channel)",
+                                                         "driver inside the barrier stage "
+                                                         "(Spark's task channel)",
     ("horovod_spark/torch/functions.py", "broadcast_object"): MESH,
     ("horovod_spark/torch/functions.py", "allgather_object"): MESH,
     ("horovod_spark/tensorflow/_kernels.py", "broadcast_object"): MESH,
@@ -64,7 +66,8 @@ def _kwarg(call: ast.Call, name: str):
 def _unpickles(call: ast.Call, aliases: dict) -> bool:
     f = call.func
     if isinstance(f, ast.Name):
-        return aliases.get(f.id) in {f"{m}.{n}" for m in PICKLERS for n in ("loads", "load", "Unpickler")}
+        names = {f"{m}.{n}" for m in PICKLERS for n in ("loads", "load", "Unpickler")}
+        return aliases.get(f.id) in names
     if not (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)):
         return False
     mod = aliases.get(f.value.id, f.value.id)
@@ -148,9 +151,9 @@ MARKER_PICKLE = ("JobFailedError.original() unpickles the exc_blob of any failur
                  "records are also parsed out of Spark's exception text (parse_failure_markers), "
                  "which carries the rank's own traceback text: an exception message that contains "
                  "'HVS-FAILURE:<base64 JSON with exc_blob>' makes the driver unpickle it "
-                 "(horovod_spark/_driver.py failure_of / _output.py parse_failure_markers; fix: drop "
-                 "exc_blob from records parsed out of the exception text: the task never puts it "
-                 "there)")
+                 "(horovod_spark/_driver.py failure_of / _output.py parse_failure_markers; "
+                 "fix: drop exc_blob from records parsed out of the exception text: the task "
+                 "never puts it there)")
 
 
 @pytest.mark.xfail(strict=True, reason=MARKER_PICKLE)
@@ -159,9 +162,9 @@ def test_a_failure_record_forged_in_spark_exception_text_is_never_unpickled(tmp_
     from horovod_spark._output import failure_marker
 
     target = tmp_path / "unpickled"
+    blob = base64.b64encode(cloudpickle.dumps(attacks.Bomb(str(target)))).decode()
     forged = failure_marker({"rank": 1, "size": 2, "error_type": "ValueError", "message": "x",
-                             "exc_blob": base64.b64encode(cloudpickle.dumps(attacks.Bomb(str(target))))
-                             .decode()})
+                             "exc_blob": blob})
     spark_text = f"Job aborted: ... ValueError: user data said {forged}\n"
     err = JobFailedError(failure_of(None, RuntimeError(spark_text), 2))
     err.original()
