@@ -177,14 +177,14 @@ Status Context::reducescatter(const void* src, void* dst, const std::vector<size
   if (static_cast<int>(leaders_.size()) == opt_.size) {  // one rank a host: a plain ring
     std::vector<size_t> lens(counts.size());
     for (size_t i = 0; i < counts.size(); ++i) lens[i] = counts[i] * elem;
-    std::vector<char> tmp(opt_.size > 2 ? off.back() : 0);
+    std::unique_ptr<char[]> tmp(new char[opt_.size > 2 ? off.back() : 1]);  // uninitialised
     TcpGroup g = tcp_group(leaders_);
-    return ring_reducescatter(g, in, static_cast<char*>(dst), tmp.data(), off, lens, elem, fn);
+    return ring_reducescatter(g, in, static_cast<char*>(dst), tmp.get(), off, lens, elem, fn);
   }
   // Mixed hosts: reduce everything, keep our block.  Costs a full-size temporary.
-  std::vector<char> tmp(off.back());
-  HVS_CHECK(hier_allreduce(src, tmp.data(), off.back() / elem, elem, fn));
-  std::memcpy(dst, tmp.data() + off[opt_.rank], counts[opt_.rank] * elem);
+  std::unique_ptr<char[]> tmp(new char[off.back() + 1]);
+  HVS_CHECK(hier_allreduce(src, tmp.get(), off.back() / elem, elem, fn));
+  std::memcpy(dst, tmp.get() + off[opt_.rank], counts[opt_.rank] * elem);
   return Status();
 }
 

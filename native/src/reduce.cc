@@ -167,9 +167,10 @@ ReduceFn reduce_fn(DType dtype, ReduceOp op) {
 }
 
 void reduce_many(ReduceFn fn, size_t elem, void* out, const void* const* inputs, int n,
-                 size_t count) {
+                 size_t count, void* copy) {
   if (n == 1) {
     if (out != inputs[0]) std::memmove(out, inputs[0], count * elem);
+    if (copy && copy != out) std::memmove(copy, out, count * elem);
     return;
   }
   // Tiles small enough that `out` stays in L1 while every input streams by.
@@ -189,6 +190,7 @@ void reduce_many(ReduceFn fn, size_t elem, void* out, const void* const* inputs,
     };
     fn(o + off, in(0), in(1), len);
     for (int k = 2; k < n; ++k) fn(o + off, o + off, in(k), len);
+    if (copy) std::memcpy(static_cast<char*>(copy) + off, o + off, len * elem);
   }
 }
 

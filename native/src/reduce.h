@@ -21,8 +21,10 @@ using ReduceFn = void (*)(void* out, const void* a, const void* b, size_t count)
 ReduceFn reduce_fn(DType dtype, ReduceOp op);
 
 // out = inputs[0] op inputs[1] op ... in that order, in cache-sized tiles,
-// so every rank that computes the same element gets the same bits.
+// so every rank that computes the same element gets the same bits.  With
+// `copy`, each finished tile is also copied there while it is still in L1
+// (cheaper than a second pass over out).
 void reduce_many(ReduceFn fn, size_t elem, void* out, const void* const* inputs, int n,
-                 size_t count);
+                 size_t count, void* copy = nullptr);
 
 }  // namespace hvs

@@ -12,8 +12,9 @@
 //   reduce   rank i reduces slice i of every rank (its own from its input,
 //            the others' from their buffers) into slice i of its buffer;
 //            post B
-//   copy out every rank copies slice j from rank j's buffer, for every j,
-//            once all have posted B.  It is deferred until the next chunk is
+//            and, tile by tile while it is in L1, into its output
+//   copy out every rank copies slice j from rank j's buffer, for every other
+//            j, once all have posted B.  It is deferred until the next chunk is
 //            staged, so a rank stages chunk k + 1 while its peers still
 //            reduce chunk k, instead of waiting for them.
 // Each element is reduced by exactly one rank, so the result is the same
@@ -65,12 +66,14 @@ struct Pending {
   Slices s{0, 0};
 };
 
+// Our own slice is in dst already (the reduce wrote it there too).
 Status copy_out(ShmGroup& g, Pending& p, size_t elem) {
   if (!p.active) return Status();
   HVS_CHECK(g.wait_all(p.phase));
   for (int j = 0; j < g.size(); ++j)
-    std::memcpy(p.dst + p.s.first(j) * elem, g.buffer(j, p.step) + p.s.first(j) * elem,
-                p.s.len(j) * elem);
+    if (j != g.me())
+      std::memcpy(p.dst + p.s.first(j) * elem, g.buffer(j, p.step) + p.s.first(j) * elem,
+                  p.s.len(j) * elem);
   p.active = false;
   return Status();
 }
@@ -90,9 +93,10 @@ Status allreduce_chunk(ShmGroup& g, const char* src, char* dst, size_t n, size_t
   HVS_CHECK(g.wait_all(g.phase()));
   size_t off = s.first(me) * elem;
   for (int j = 0; j < size; ++j) inputs[j] = j == me ? src + off : g.buffer(j) + off;
-  reduce_many(fn, elem, mine + off, inputs.data(), size, s.len(me));
+  const bool out = root < 0 || root == me;
+  reduce_many(fn, elem, mine + off, inputs.data(), size, s.len(me), out ? dst + off : nullptr);
   g.post();
-  if (root < 0 || root == me) pending = Pending{true, g.step(), g.phase(), dst, s};
+  if (out) pending = Pending{true, g.step(), g.phase(), dst, s};
   g.end_step();
   return Status();
 }
