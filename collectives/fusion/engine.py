@@ -111,7 +111,8 @@ class FusionEngine:
                                  "name is already pending; wait for it or use another name")
             self._names.add(name)
             self._queue.append(req)
-        self._wake.set()
+        if not self._wake.is_set():  # set() takes a lock and notifies: skip it in a burst
+            self._wake.set()
         return req.handle
 
     def join(self, timeout: Optional[float] = None) -> int:
