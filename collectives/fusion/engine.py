@@ -18,7 +18,10 @@ Terms.  A *submission* is one call of `submit` (any thread); it becomes a
 A rank that holds no pending work sleeps until a local submission (or a
 heartbeat of IDLE_S, so that stall reports and shutdowns still get through),
 then gives a burst of submissions one cycle time to gather before it
-coordinates; a rank that holds pending work cycles every cycle time.
+coordinates; a rank that holds pending work cycles every cycle time, counted
+from the end of the last coordination so the ranks stay in step.  Either
+wait ends early when a caller starts waiting on a handle (it has nothing
+more to submit for now).
 
 Failure: an exception in the engine's thread (a lost peer, a timeout) fails
 every pending handle with that cause; later submissions raise it at once.
