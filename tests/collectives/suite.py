@@ -22,12 +22,14 @@ FLOATS = ("float16", "bfloat16", "float32", "float64")
 INTS = ("int8", "int16", "int32", "int64", "uint8")
 DTYPES = FLOATS + INTS + ("bool",)
 LARGE_BYTES = 400 * 1024  # several shm steps and TCP chunks, above the one-step path
+HUGE_FLOATS = 400_003     # float32 only: several TCP chunks per ring segment even on 4 ranks
 
 
-def counts_for(dtype: str) -> tuple:
-    """0, 1, odd, large (in elements of this dtype)."""
+def counts_for(dtype: str, huge: bool = False) -> tuple:
+    """0, 1, odd, large (in elements of this dtype); huge adds one for float32."""
     item = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
-    return (0, 1, 17, LARGE_BYTES // item + 3)
+    extra = (HUGE_FLOATS,) if huge and dtype == "float32" else ()
+    return (0, 1, 17, LARGE_BYTES // item + 3) + extra
 
 
 def _has_torch() -> bool:
@@ -191,7 +193,7 @@ def check_broadcast(comm) -> None:
     for dtype in DTYPES:
         if dtype == "bfloat16" and not _has_torch():
             continue
-        for count in counts_for(dtype):
+        for count in counts_for(dtype, huge=True):
             for root in sorted({0, n - 1}):
                 buf = tensor(values(comm.rank, count, dtype), dtype)
                 got = comm.broadcast(buf, root=root)
@@ -205,7 +207,7 @@ def check_reducescatter(comm) -> None:
     for dtype in DTYPES:
         if dtype == "bfloat16" and not _has_torch():
             continue
-        for count in counts_for(dtype):
+        for count in counts_for(dtype, huge=True):
             uneven = [count] if n == 1 else [count - count // 2] + [0] * (n - 2) + [count // 2]
             inputs = [values(q, count, dtype) for q in range(n)]
             for op, split in ((ReduceOp.SUM, None), (ReduceOp.SUM, uneven), (ReduceOp.MAX, None)):
