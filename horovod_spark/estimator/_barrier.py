@@ -73,9 +73,10 @@ def task_body(task_spec, job: BarrierJob, batches: Iterator) -> Iterator:
 
     ctx = BarrierTaskContext.get()
     partition = ctx.partitionId()
-    began = time.perf_counter()
+    began, task_start = time.perf_counter(), time.time()
     census = spill_partition(batches, job.specs, partition, job.validation_fraction,
                              job.train.seed)
+    spilled = time.time()
     try:
         censuses = [json.loads(m) for m in ctx.allGather(json.dumps(census.to_dict()))]
         problem = census_problem(censuses, job)
@@ -86,7 +87,8 @@ def task_body(task_spec, job: BarrierJob, batches: Iterator) -> Iterator:
         spec = dataclasses.replace(
             job.train, train_rows=tuple(c["train_rows"] for c in by_part),
             val_rows=tuple(c["val_rows"] for c in by_part),
-            data_seconds=time.perf_counter() - began)
+            data_seconds=time.perf_counter() - began,
+            stamps=(("task_start", task_start), ("spilled", spilled), ("agreed", time.time())))
         rank_spec = dataclasses.replace(
             task_spec, payload=pickle_job(job.train_fn, (spec, census.directory)))
         rank, blob = next(run_task(rank_spec, iter(())))

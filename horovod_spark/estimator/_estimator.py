@@ -8,6 +8,7 @@ Model.  A framework subclass provides ``_required``, ``_user_objects``,
 """
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -48,6 +49,7 @@ class DistributedEstimator(Estimator, EstimatorParams):
         return self.fit(SparkSession.active().read.parquet(path), params)
 
     def _fit(self, dataset):
+        began = time.perf_counter()
         values = self.param_values()
         _checks.require(type(self).__name__, values, self._required)
         specs = _checks.checked_specs(dataset, values)
@@ -56,8 +58,13 @@ class DistributedEstimator(Estimator, EstimatorParams):
         spark = dataset.sparkSession
         num_proc = _checks.resolve_num_proc(spark, values["num_proc"])
         job = self._barrier_job(values, specs, output_shapes)
+        checked, stage_start = time.perf_counter(), time.time()
         result = self._run(spark, prepare(dataset, specs), num_proc, job, values["verbose"])
-        self._last_timings = result.get("timings", {})
+        done = time.perf_counter()
+        result.setdefault("timings", {}).setdefault("stamps", {}).update(
+            stage_start=stage_start, stage_end=time.time())
+        self._last_timings = dict(result.get("timings", {}), check_seconds=checked - began,
+                                  stage_seconds=done - checked, fit_seconds=done - began)
         return self._model_class(
             model_bytes=result["model"], history=result["history"], output_shapes=output_shapes,
             feature_cols=values["feature_cols"], label_cols=values["label_cols"],

@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from horovod_spark.estimator.data import ColumnSpec
 from horovod_spark.estimator.store import Store
 
-__all__ = ["TrainSpec", "BarrierJob", "RankData", "Progress", "ckpt_state_name"]
+__all__ = ["TrainSpec", "BarrierJob", "RankData", "Progress", "append_history", "averaged"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +37,7 @@ class TrainSpec:
     train_rows: Tuple[int, ...] = ()         # per rank, from the census
     val_rows: Tuple[int, ...] = ()
     data_seconds: float = 0.0                # this task's spill + census time
+    stamps: Tuple[Tuple[str, float], ...] = ()  # wall-clock times of the task's phases
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,13 +79,16 @@ class RankData:
 
 
 class Progress:
-    """Rank 0's one line per epoch, and the timings a benchmark reads."""
+    """Rank 0's one line per epoch, and the timings a benchmark reads: durations, and
+    wall-clock stamps of the phases (task start, spilled, agreed, rank entry, ready,
+    trained) that show where a fit's time goes."""
 
-    def __init__(self, spec: TrainSpec, rank: int, steps: int):
+    def __init__(self, spec: TrainSpec, rank: int, steps: int, entered: float):
         self.verbose = spec.verbose if rank == 0 else 0
         self.epochs, self.steps, self.run_id = spec.epochs, steps, spec.run_id
         self.train_seconds = 0.0
         self.started = time.perf_counter()
+        self.stamps = dict(spec.stamps, rank_entry=entered, ready=time.time())
         if spec.verbose >= 2:
             print(f"rank {rank}: {spec.train_rows[rank]} training rows, "
                   f"{spec.val_rows[rank] if spec.val_rows else 0} validation rows, "
@@ -97,9 +101,10 @@ class Progress:
             print(f"epoch {epoch + 1}/{self.epochs} ({self.steps} steps, {seconds:.2f} s): "
                   f"{text}", flush=True)
 
-    def timings(self, data_seconds: float) -> Dict[str, float]:
+    def timings(self, data_seconds: float) -> Dict[str, Any]:
         return {"data_seconds": data_seconds, "train_seconds": self.train_seconds,
-                "rank_seconds": time.perf_counter() - self.started}
+                "rank_seconds": time.perf_counter() - self.started,
+                "stamps": dict(self.stamps, trained=time.time())}
 
 
 def append_history(history: Dict[str, List[float]], metrics: Dict[str, float]) -> None:
@@ -110,7 +115,3 @@ def append_history(history: Dict[str, List[float]], metrics: Dict[str, float]) -
 def averaged(names: Sequence[str], sums: Sequence[float], counts: Sequence[float]
              ) -> Dict[str, float]:
     return {n: (s / c if c else float("nan")) for n, s, c in zip(names, sums, counts)}
-
-
-def ckpt_state_name(run_id: str) -> str:
-    return f"checkpoint of run {run_id!r}"

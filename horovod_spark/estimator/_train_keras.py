@@ -34,10 +34,11 @@ __all__ = ["train"]
 def train(spec: TrainSpec, directory: str) -> Optional[Dict[str, Any]]:
     import horovod_spark.keras as hvd
 
+    entered = time.time()
     hvd.init()
     data = RankData(spec, directory, hvd.rank())
     try:
-        return _fit(hvd, spec, data)
+        return _fit(hvd, spec, data, entered)
     finally:
         data.close()
 
@@ -72,7 +73,7 @@ def _optimizer(user: dict):
     return opt()  # a factory
 
 
-def _fit(hvd, spec: TrainSpec, data: RankData) -> Optional[Dict[str, Any]]:
+def _fit(hvd, spec: TrainSpec, data: RankData, entered: float) -> Optional[Dict[str, Any]]:
     import cloudpickle
 
     user = cloudpickle.loads(spec.user)
@@ -85,7 +86,7 @@ def _fit(hvd, spec: TrainSpec, data: RankData) -> Optional[Dict[str, Any]]:
     opt.build(model.trainable_variables)
     rank = hvd.rank()
     start, history = _resume(hvd, spec, model, opt, rank)
-    progress = Progress(spec, rank, data.steps)
+    progress = Progress(spec, rank, data.steps, entered)
     out_shapes = [tuple([None] + list(s)) for s in user["output_shapes"]]
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                  hvd.callbacks.MetricAverageCallback()]

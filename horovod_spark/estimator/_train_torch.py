@@ -29,10 +29,11 @@ __all__ = ["train"]
 def train(spec: TrainSpec, directory: str) -> Optional[Dict[str, Any]]:
     import horovod_spark.torch as hvd
 
+    entered = time.time()
     hvd.init()
     data = RankData(spec, directory, hvd.rank())
     try:
-        return _fit(hvd, spec, data)
+        return _fit(hvd, spec, data, entered)
     finally:
         data.close()
 
@@ -68,7 +69,7 @@ class _Setup:
         self.callbacks = list(user.get("callbacks") or [])
 
 
-def _fit(hvd, spec: TrainSpec, data: RankData) -> Optional[Dict[str, Any]]:
+def _fit(hvd, spec: TrainSpec, data: RankData, entered: float) -> Optional[Dict[str, Any]]:
     s = _Setup(spec)
     rank = hvd.rank()
     start, history = _resume(hvd, spec, s, rank)
@@ -76,7 +77,7 @@ def _fit(hvd, spec: TrainSpec, data: RankData) -> Optional[Dict[str, Any]]:
     hvd.broadcast_optimizer_state(s.optimizer, root_rank=0)
     opt = hvd.DistributedOptimizer(s.optimizer, named_parameters=s.model.named_parameters(),
                                    backward_passes_per_step=spec.backward_passes_per_step)
-    progress = Progress(spec, rank, data.steps)
+    progress = Progress(spec, rank, data.steps, entered)
     names = ["loss"] + [n for n, _ in s.metrics]
     for epoch in range(start, spec.epochs):
         began = time.perf_counter()

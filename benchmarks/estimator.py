@@ -1,0 +1,205 @@
+"""TorchEstimator.fit: rows per second, and the share of fit time that is not training.
+
+    python benchmarks/estimator.py [--rows 1000000] [--features 32] [--epochs 3]
+                                   [--batch-size 256] [--num-proc 2] [--json out.json]
+
+Data: ``rows`` x ``features`` float features (an ml Vector column, as a
+VectorAssembler makes it) and a regression label, written once to Parquet
+(not timed).  Model: a small MLP (features -> 64 -> 64 -> 1, MSE, Adam).
+
+Cases, each one ``fit`` on a warm local[num_proc] session:
+  parquet   ``fit_on_parquet(path)``: read, repartition to num_proc, spill, train;
+  cached    ``fit(df)`` of a cached DataFrame that already has num_proc partitions
+            (no shuffle: each task hands its cached partition to its rank).
+Reference: the same model and batches trained by torch alone, in one process, on
+in-memory tensors of rows / num_proc rows (a rank's share), no Spark at all.
+
+Columns: rows/s = rows x epochs / fit time.  Time splits of a fit: *prep* =
+the driver's checks (schema, a 16-row sample, the dry run) + the tasks' data
+path (reading the partition from Spark, vectors to arrays, NaN checks, the
+spill to local Arrow, the census); *start* = rank processes starting
+(interpreter, torch, hvd.init) and the result coming back; *train* = the
+ranks' epochs.  Target: prep <= 20% of fit.
+
+Horovod's TorchEstimator runs side by side when ``horovod.spark.torch`` imports;
+horovod 0.28.1 (the last release) does not build against torch 2.x's C++17
+headers, so on this machine it is reported as not installed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def _session(num_proc: int):
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])
+    spark = (SparkSession.builder.master(f"local[{num_proc}]").appName("bench-estimator")
+             .config("spark.executorEnv.PYTHONPATH", ROOT)
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.driver.memory", "4g")
+             .config("spark.sql.shuffle.partitions", str(num_proc)).getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _data(spark, rows: int, features: int, path: str):
+    from pyspark.ml.feature import VectorAssembler
+    from pyspark.sql import functions as F
+
+    w = np.random.default_rng(0).normal(size=features)
+    cols = [F.rand(seed=i).cast("float").alias(f"f{i}") for i in range(features)]
+    df = spark.range(rows).select(*cols)
+    label = sum(F.col(f"f{i}") * float(w[i]) for i in range(features))
+    df = df.withColumn("label", label.cast("float"))
+    df = VectorAssembler(inputCols=[f"f{i}" for i in range(features)],
+                         outputCol="features").transform(df).select("features", "label")
+    df.write.mode("overwrite").parquet(path)
+
+
+def _estimator(args, store: str):
+    import torch
+
+    from horovod_spark.estimator import TorchEstimator
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(args.features, 64), torch.nn.ReLU(),
+                              torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    return TorchEstimator(num_proc=args.num_proc, model=net,
+                          optimizer=torch.optim.Adam(net.parameters(), lr=1e-3),
+                          loss=torch.nn.MSELoss(), feature_cols=["features"],
+                          label_cols=["label"], batch_size=args.batch_size, epochs=args.epochs,
+                          store=store, verbose=0)
+
+
+def _row(case: str, args, est, model, seconds: float) -> dict:
+    t = est._last_timings
+    prep = t["check_seconds"] + t["data_seconds"]
+    start = max(t["stage_seconds"] - t["data_seconds"] - t["rank_seconds"], 0.0)
+    train = t["train_seconds"]
+    return {"case": case, "rows": args.rows, "epochs": args.epochs, "fit_s": seconds,
+            "rows_per_s": args.rows * args.epochs / seconds, "prep_s": prep, "start_s": start,
+            "train_s": train, "prep_share": prep / seconds,
+            "final_loss": model.getHistory()["loss"][-1], "phases": _phases(t["stamps"])}
+
+
+PHASES = (("stage_start", "task_start", "Spark starts the tasks"),
+          ("task_start", "spilled", "tasks read + spill their partitions"),
+          ("spilled", "agreed", "census round"),
+          ("agreed", "rank_entry", "rank processes start (python, torch import)"),
+          ("rank_entry", "ready", "hvd.init, model, broadcast"),
+          ("ready", "trained", "epochs"),
+          ("trained", "stage_end", "result back to the driver"))
+
+
+def _phases(stamps: dict) -> list:
+    return [(label, stamps[b] - stamps[a]) for a, b, label in PHASES
+            if a in stamps and b in stamps]
+
+
+def _torch_alone(args) -> dict:
+    """One process, a rank's share of rows in memory, the same model and batch size."""
+    import torch
+
+    torch.set_num_threads(1)
+    n = args.rows // args.num_proc
+    x = torch.rand(n, args.features)
+    y = x @ torch.randn(args.features, 1)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(args.features, 64), torch.nn.ReLU(),
+                              torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    loss_fn = torch.nn.MSELoss()
+    began = time.perf_counter()
+    for _ in range(args.epochs):
+        perm = torch.randperm(n)
+        for i in range(0, n, args.batch_size):
+            idx = perm[i:i + args.batch_size]
+            opt.zero_grad()
+            loss_fn(net(x[idx]), y[idx]).backward()
+            opt.step()
+    seconds = time.perf_counter() - began
+    return {"case": "torch alone (1 process, a rank's rows)", "rows": n, "epochs": args.epochs,
+            "fit_s": seconds, "rows_per_s": n * args.epochs / seconds, "prep_s": 0.0,
+            "start_s": 0.0, "train_s": seconds, "prep_share": 0.0, "final_loss": float("nan")}
+
+
+def _horovod_row() -> dict:
+    try:
+        import horovod.spark.torch  # noqa: F401
+    except Exception as exc:  # not installed, or built without torch
+        return {"case": "horovod.spark.torch.TorchEstimator", "skipped":
+                f"not installed here ({type(exc).__name__}: {exc})"}
+    return {"case": "horovod.spark.torch.TorchEstimator",
+            "skipped": "installed, but this benchmark does not drive Petastorm yet"}
+
+
+def _print(rows: list) -> None:
+    head = f"{'case':<40} {'rows/s':>10} {'fit s':>7} {'prep s':>7} {'start s':>8} " \
+           f"{'train s':>8} {'prep %':>7}"
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        if "skipped" in r:
+            print(f"{r['case']:<40} {r['skipped']}")
+            continue
+        print(f"{r['case']:<40} {r['rows_per_s']:>10.0f} {r['fit_s']:>7.2f} {r['prep_s']:>7.2f} "
+              f"{r['start_s']:>8.2f} {r['train_s']:>8.2f} {100 * r['prep_share']:>6.1f}%")
+    for r in rows:
+        if r.get("phases"):
+            print(f"\nphases of '{r['case']}' (rank 0's task, wall clock):")
+            for label, seconds in r["phases"]:
+                print(f"  {label:<46} {seconds:>7.2f} s")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rows", type=int, default=1_000_000)
+    p.add_argument("--features", type=int, default=32)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--num-proc", type=int, default=2)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+    spark = _session(args.num_proc)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench-estimator-") as tmp:
+        path = os.path.join(tmp, "data.parquet")
+        _data(spark, args.rows, args.features, path)
+        cached = spark.read.parquet(path).repartition(args.num_proc).cache()
+        cached.count()
+        _estimator(args, os.path.join(tmp, "warm")).setEpochs(1).fit(cached.limit(4096))
+        for case, run in (("parquet (read + repartition + spill)",
+                           lambda est: est.fit_on_parquet(path)),
+                          ("cached, num_proc partitions", lambda est: est.fit(cached))):
+            est = _estimator(args, os.path.join(tmp, "store"))
+            began = time.perf_counter()
+            model = run(est)
+            results.append(_row(case, args, est, model, time.perf_counter() - began))
+    results.append(_torch_alone(args))
+    results.append(_horovod_row())
+    print(f"TorchEstimator.fit: {args.rows} rows x {args.features} float features, MLP, "
+          f"{args.epochs} epochs, batch {args.batch_size}, num_proc {args.num_proc} "
+          f"(local[{args.num_proc}], {os.cpu_count()} cores)")
+    _print(results)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "results": results}, f, indent=2)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
