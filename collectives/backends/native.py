@@ -162,7 +162,10 @@ class NativeBackend(Backend):
     # Communicator puts the op, its sequence number, the tensor and this rank
     # in front.
     def allreduce(self, src, dst, dtype: DType, op: ReduceOp) -> None:
-        self._native().allreduce(src, dst, int(dtype), int(op))
+        ctx = self._ctx  # the hot path: no extra call (DType and ReduceOp are ints)
+        if ctx is None:
+            self._native()
+        ctx.allreduce(src, dst, dtype, op)
 
     def allgather(self, src, dst, dtype: DType, counts: Sequence[int]) -> None:
         self._native().allgather(src, dst, int(dtype), [int(c) for c in counts])
