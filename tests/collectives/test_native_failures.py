@@ -148,3 +148,18 @@ def test_a_256_mib_allreduce_needs_the_input_and_a_bounded_staging_buffer(env):
         assert r["ok"]
         # the input itself, plus the shared slots (2 x 4 MiB) and slack; never a second copy
         assert r["grew"] <= nbytes + (32 << 20), f"peak grew by {r['grew'] / 2**20:.0f} MiB"
+
+
+def test_closing_the_native_backend_twice_is_fine_and_later_ops_say_it_is_closed():
+    import numpy as np
+
+    import collectives
+    from collectives.types import DType, ReduceOp
+
+    comm = collectives.init()
+    backend = comm.backend
+    assert backend.name == "native"
+    comm.close()
+    comm.close()
+    with pytest.raises(collectives.PeerLostError, match="native backend is closed"):
+        backend.allreduce(np.zeros(4, np.float32), np.zeros(4, np.float32), DType.FLOAT32, ReduceOp.SUM)
