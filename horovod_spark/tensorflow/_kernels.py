@@ -3,18 +3,14 @@
 Every kernel goes through the fusion engine that init() started, so TensorFlow
 ops are negotiated, fused, timed and checked exactly like torch's.  A *group*
 is a list of arrays submitted together, each under its own name, and waited
-for together; the engine fuses them into as few collectives as it can.  A
-group can also be split in time (`submit_allreduce` as each array appears,
-`wait_allreduce` once for all), which is how traced gradients overlap the
-backward pass.
+for together; the engine fuses them into one collective per dtype (up to the
+fusion threshold), so a model's gradients cost one engine cycle per step.
 
 Integer AVERAGE is a sum followed by floor division, as in Horovod; the engine
 refuses AVERAGE on integers, so it never sees one.
 """
 from __future__ import annotations
 
-import itertools
-import threading
 from typing import Optional, Sequence
 
 import cloudpickle
@@ -24,8 +20,8 @@ from collectives import ReduceOp
 
 from . import _basics
 
-__all__ = ["allreduce_group", "submit_allreduce", "wait_allreduce", "broadcast_group", "allgather",
-           "alltoall", "reducescatter", "barrier", "join", "broadcast_object", "allgather_object"]
+__all__ = ["allreduce_group", "broadcast_group", "allgather", "alltoall", "reducescatter",
+           "barrier", "join", "broadcast_object", "allgather_object"]
 
 
 def _integer_average(op: ReduceOp, dtype: np.dtype) -> bool:
@@ -35,65 +31,21 @@ def _integer_average(op: ReduceOp, dtype: np.dtype) -> bool:
 def allreduce_group(arrays: Sequence[np.ndarray], names: Sequence[str], op: ReduceOp,
                     prescale: float = 1.0, postscale: float = 1.0) -> list:
     """Reduce every array over ranks; returns new arrays in the same order."""
-    tokens = [submit_allreduce(a, n, op, prescale, postscale) for a, n in zip(arrays, names)]
-    return wait_allreduce(tokens)
-
-
-# -- split allreduce: submit each tensor as soon as it exists, wait for all later --
-_lock = threading.Lock()
-_tokens = itertools.count(1)
-_submitted: dict = {}  # token -> (handle, shape, dtype to floor-divide by size, or None)
-_token_of: dict = {}   # name -> token of its latest submission
-
-
-def submit_allreduce(a: np.ndarray, name: str, op: ReduceOp, prescale: float = 1.0,
-                     postscale: float = 1.0) -> int:
-    """Hand one array to the engine; returns the token wait_allreduce takes.
-
-    The engine keeps a reference to `a` until the op is done, so a buffer
-    lent by TensorFlow stays alive (and unchanged) until then.
-    """
     eng = _basics.engine()
     op = ReduceOp(op)
-    shape, flat = np.shape(a), np.ascontiguousarray(a)  # 0-d arrays come back 1-d
-    floor = _integer_average(op, flat.dtype)
-    _await_previous(name)
-    if floor:
-        handle = eng.submit(name, "allreduce", flat, op=ReduceOp.SUM)
-    else:
-        handle = eng.submit(name, "allreduce", flat, op=op, prescale=prescale, postscale=postscale)
-    with _lock:
-        token = next(_tokens)
-        _submitted[token] = (handle, shape, flat.dtype if floor else None)
-        _token_of[name] = token
-    return token
-
-
-def _await_previous(name: str) -> None:
-    """An earlier submission of `name` not yet waited for (the same graph running again
-    before its wait ran, or a graph that failed midway) must finish before the engine
-    takes the name again; its result stays for its own wait."""
-    with _lock:
-        entry = _submitted.get(_token_of.get(name))
-    if entry is not None:
-        try:
-            entry[0].wait()
-        except Exception:  # noqa: BLE001  reported to its own waiter, if any
-            pass
-
-
-def wait_allreduce(tokens: Sequence[int]) -> list:
-    """The results of submit_allreduce calls, in the order of `tokens`."""
-    with _lock:
-        entries = [_submitted.pop(int(t)) for t in tokens]
-        done = {int(t) for t in tokens}
-        for name in [n for n, t in _token_of.items() if t in done]:
-            del _token_of[name]
-    size = _basics.size()
+    pending = []
+    for a, name in zip(arrays, names):
+        flat = np.ascontiguousarray(a)  # 0-d arrays come back 1-d: keep the shape apart
+        if _integer_average(op, flat.dtype):
+            handle = eng.submit(name, "allreduce", flat, op=ReduceOp.SUM)
+        else:
+            handle = eng.submit(name, "allreduce", flat, op=op, prescale=prescale,
+                                postscale=postscale)
+        pending.append((handle, np.shape(a), _integer_average(op, flat.dtype)))
     out = []
-    for handle, shape, floor_dtype in entries:
+    for handle, shape, floor in pending:
         r = np.asarray(handle.wait()).reshape(shape)
-        out.append(r if floor_dtype is None else np.floor_divide(r, floor_dtype.type(size)))
+        out.append(np.floor_divide(r, r.dtype.type(_basics.size())) if floor else r)
     return out
 
 

@@ -1,9 +1,7 @@
 """Collective ops on TensorFlow tensors, with Horovod's names, defaults and gradients.
 
 Each op runs one numpy kernel (`_kernels`) through `_bridge.call`, in eager
-mode or inside a tf.function (a traced group of allreduces is split into one
-submit per tensor and one wait, see `_allreduce_split`), and carries the
-gradient Horovod defines:
+mode or inside a tf.function, and carries the gradient Horovod defines:
 
   allreduce      the upstream gradient allreduced with the same op and factors
                  (Sum and Average; Min, Max and Product have none)
@@ -23,7 +21,7 @@ from collectives import NotSupported, ReduceOp
 from collectives.errors import describe
 
 from . import _basics, _kernels
-from ._bridge import call, check_not_xla, from_wire, op_name, to_wire
+from ._bridge import call, from_wire, op_name, to_wire
 from .compression import Compression
 
 __all__ = ["Average", "Sum", "Min", "Max", "Product", "Adasum", "allreduce", "grouped_allreduce",
@@ -50,40 +48,9 @@ def resolve_op(op, average, what: str = "allreduce") -> ReduceOp:
 # -- allreduce -------------------------------------------------------------
 def _allreduce_raw(xs: Sequence[tf.Tensor], names, op: ReduceOp, pre: float, post: float) -> list:
     wire = [to_wire(x) for x in xs]
-    if len(xs) > 1 and not tf.executing_eagerly():
-        outs = _allreduce_split(wire, names, op, pre, post)
-    else:
-        outs = call(lambda *a: _kernels.allreduce_group(a, names, op, pre, post), wire,
-                    [w.dtype for w in wire], [x.shape for x in xs], names[0])
+    outs = call(lambda *a: _kernels.allreduce_group(a, names, op, pre, post), wire,
+                [w.dtype for w in wire], [x.shape for x in xs], names[0])
     return [from_wire(o, x.dtype) for o, x in zip(outs, xs)]
-
-
-def _allreduce_split(wire: Sequence[tf.Tensor], names, op: ReduceOp, pre: float, post: float):
-    """A traced group: one submit op per tensor, one wait op for all.
-
-    TensorFlow runs each submit as soon as its input exists (the submits are
-    stateless, so nothing orders them), which lets the engine reduce the first
-    gradients while the backward pass computes the rest; the stateful wait
-    keeps program order.  The submits also take a timestamp, a stateful input
-    that keeps grappler from folding a submit with constant inputs away.
-    """
-    check_not_xla(names[0])
-    clock = tf.timestamp()
-    tokens = []
-    for w, name in zip(wire, names):
-        def submit(a, _clock, _name=name):
-            return np.int64(_kernels.submit_allreduce(a, _name, op, pre, post))
-
-        tokens.append(tf.numpy_function(submit, [w, clock], tf.int64, stateful=False))
-
-    def wait(*toks):
-        return [np.asarray(r, dtype=w.dtype.as_numpy_dtype)
-                for r, w in zip(_kernels.wait_allreduce(toks), wire)]
-
-    outs = tf.numpy_function(wait, tokens, [w.dtype for w in wire], stateful=True)
-    for o, w in zip(outs, wire):
-        o.set_shape(w.shape)
-    return list(outs)
 
 
 def allreduce_dense(xs: Sequence[tf.Tensor], names: Sequence[str], op: ReduceOp,
