@@ -71,44 +71,60 @@ def _publish(store, rank, size, host, listener, prefix, timeout):
 
 
 def _accept_peers(listener, rank, size, secret, deadline, socks, errors, stats):
+    """Accept every higher rank; each handshake runs in its own thread, so a silent
+    or slow stranger never holds up the real peers behind it."""
     want = set(range(rank + 1, size))
-    while want:
+    lock, done = threading.Lock(), threading.Event()
+
+    def vet(conn):
+        try:
+            left = max(min(deadline - time.monotonic(), 10.0), 0.1)
+            _auth.server_handshake(conn, secret, "mesh", timeout=left)
+            peer = struct.unpack(">i", _auth.recv_exact(conn, 4, time.monotonic() + left))[0]
+        except (AuthenticationError, OSError, ConnectionError):
+            peer = None
+        with lock:
+            if peer not in want:
+                stats["rejected"] += 1
+                conn.close()
+                return
+            want.discard(peer)
+            socks[peer] = _tune(conn)
+            if not want:
+                done.set()
+
+    if not want:
+        return
+    while not done.is_set():
         left = deadline - time.monotonic()
         if left <= 0:
-            errors.append(CollectiveTimeout(describe(
-                f"ranks {sorted(want)} never connected", rank=rank, size=size, op="bootstrap")))
+            with lock:
+                errors.append(CollectiveTimeout(describe(
+                    f"ranks {sorted(want)} never connected", rank=rank, size=size, op="bootstrap")))
             return
-        listener.settimeout(left)
+        listener.settimeout(min(left, 0.2))
         try:
             conn, _ = listener.accept()
         except socket.timeout:
             continue
         except OSError:  # the listener was closed: bootstrap failed elsewhere
             return
-        try:
-            _auth.server_handshake(conn, secret, "mesh", timeout=min(left, 10.0))
-            peer = struct.unpack(">i", _auth.recv_exact(conn, 4, time.monotonic() + 10.0))[0]
-        except (AuthenticationError, OSError, ConnectionError):
-            stats["rejected"] += 1
-            conn.close()
-            continue
-        if peer not in want:
-            stats["rejected"] += 1
-            conn.close()
-            continue
-        want.discard(peer)
-        socks[peer] = _tune(conn)
+        threading.Thread(target=vet, args=(conn,), daemon=True).start()
 
 
 def _connect_peer(rank, size, peer, info, secret, deadline):
     where = f"{info['addr']}:{info['port']}"
     while True:
+        left = max(deadline - time.monotonic(), 0.1)
+        sock = None
         try:
-            sock = socket.create_connection((info["addr"], info["port"]), timeout=5.0)
-            _auth.client_handshake(sock, secret, "mesh", timeout=10.0)
+            sock = socket.create_connection((info["addr"], info["port"]), timeout=min(5.0, left))
+            _auth.client_handshake(sock, secret, "mesh", timeout=min(10.0, left))
             sock.sendall(struct.pack(">i", rank))
             return _tune(sock)
         except (OSError, AuthenticationError) as exc:
+            if sock is not None:
+                sock.close()
             if time.monotonic() > deadline:
                 raise PeerLostError(describe(f"cannot connect: {exc}", rank=rank, size=size,
                                              op="bootstrap", peer=peer, address=where)) from exc

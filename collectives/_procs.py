@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import signal
 import threading
 import time
@@ -19,6 +20,7 @@ import cloudpickle
 __all__ = ["RankFailed", "RankGroup"]
 
 _COMM_ERRORS = ("PeerLostError", "CollectiveTimeout")
+_PEER = re.compile(r"peer rank (\d+)")
 GRACE = 1.0
 TAIL = 20
 
@@ -112,7 +114,11 @@ class RankGroup:
         errs = [self._failure(r) for r in failed]
         own = [e for e in errs if e.error_type not in _COMM_ERRORS + ("ProcessDied", "ProcessExited")]
         silent = [e for e in errs if e.error_type in ("ProcessDied", "ProcessExited")]
-        return (own or silent or errs)[0]
+        # A communication error that names a peer which reported nothing itself points at
+        # the culprit (a stalled rank); one naming another victim only repeats the news.
+        pointing = [e for e in errs if e.error_type in _COMM_ERRORS
+                    and (m := _PEER.search(e.message)) and int(m.group(1)) not in failed]
+        return (own or silent or pointing or errs)[0]
 
     def wait_exit(self, timeout: Optional[float] = None) -> None:
         """Wait for every rank to exit 0; raise RankFailed for the root cause otherwise."""

@@ -54,6 +54,7 @@ def test_force_tcp_makes_every_rank_its_own_host():
 def test_a_stray_connection_with_a_wrong_secret_does_not_break_bootstrap():
     store = InMemoryStore()
     result = {}
+    intruder_done = threading.Event()
 
     def intruder():
         import json
@@ -62,12 +63,13 @@ def test_a_stray_connection_with_a_wrong_secret_does_not_break_bootstrap():
         try:
             _auth.client_handshake(s, b"w" * 32, "mesh", 5)
         except Exception:
-            pass
+            pass  # refused, as it must be: the server hung up after rejecting it
         s.close()
+        intruder_done.set()
 
     def rank(r):
         if r == 1:
-            time.sleep(0.3)  # the intruder comes first
+            assert intruder_done.wait(20)  # the intruder comes first
         result[r] = build_mesh(store, r, 2, "h", "127.0.0.1", SECRET, "t", 10.0)
 
     ts = [threading.Thread(target=rank, args=(r,)) for r in range(2)] + [threading.Thread(target=intruder)]

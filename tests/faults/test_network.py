@@ -42,7 +42,6 @@ BOOTSTRAP_DEADLINE = ("_mesh._connect_peer gives each attempt a fixed 10 s hands
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=BOOTSTRAP_DEADLINE)
 def test_a_peer_that_accepts_and_never_answers_fails_bootstrap_at_the_connect_timeout(fault):
     connect = 3.0
     out = kit.run_local_job(ranks.silent_rank0, 3, args=(fault.outdir, 30.0),

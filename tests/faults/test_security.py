@@ -156,7 +156,6 @@ MESH_SERIAL = ("the mesh listener authenticates one connection at a time with up
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=MESH_SERIAL)
 def test_a_silent_connection_to_a_ranks_listener_does_not_fail_the_job(fault):
     group, store = attacks.held_job(fault, 2, (1,), SECRET, connect_timeout=5.0)
     with group:

@@ -72,7 +72,6 @@ ROOT_CAUSE = ("the driver names a survivor's error about another survivor: RankG
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=ROOT_CAUSE)
 def test_the_driver_names_the_rank_stalled_in_a_plain_allreduce(fault):
     out = kit.run_local_job(ranks.stall_in_allreduce, 3, args=(fault.outdir, 1, 3),
                             env=fault.env(tcp=True, timeout=OP_TIMEOUT), outdir=fault.outdir)
