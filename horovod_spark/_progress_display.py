@@ -50,14 +50,16 @@ class Display:
 
     Args:
         verbose: 0 shows nothing and asks the ranks for no records.
-        file: where the bar goes (default: sys.stderr as it is now, in this thread).
+        file: where the bar goes (default, as they are now in this thread: sys.stderr; in a
+            Jupyter kernel sys.stdout, the stream the rank lines go to, so that the bar stays
+            one line under them).
         desc: the bar's label before the first epoch is known.
     """
 
     def __init__(self, verbose: int = 1, file=None, desc: str = "training") -> None:
         self.enabled = verbose >= 1
         self.env = ENABLED if self.enabled else ()
-        self._file = file if file is not None else sys.stderr
+        self._file = file if file is not None else _default_file()
         self._desc = desc
         self._lock = threading.RLock()
         self._ranks: dict = {}       # rank -> deque of its recent records
@@ -156,6 +158,11 @@ class Display:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _default_file():
+    in_kernel = type(sys.stdout).__module__.startswith("ipykernel")
+    return sys.stdout if in_kernel else sys.stderr
 
 
 def _window_rates(recent) -> tuple:

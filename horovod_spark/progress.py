@@ -18,6 +18,7 @@ job's function on the ranks: when that function never calls `report`, a hook
 on every `hvd.DistributedOptimizer` step (torch's global optimizer step hook)
 counts the steps, and the fusion engine's metrics give the seconds inside
 allreduce; `FitTracked` adds the estimator's batch size and steps per epoch.
+`keras_callback()` reports the batches of a Keras `model.fit`.
 
 Driver side.  A `Display` sits in front of the stream the rank lines are
 written to (`Display.stream`): it takes records out, passes every other line
@@ -38,7 +39,8 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-__all__ = ["report", "Display", "Tracked", "FitTracked", "PROGRESS_MARK", "ENABLED"]
+__all__ = ["report", "keras_callback", "Display", "Tracked", "FitTracked", "PROGRESS_MARK",
+           "ENABLED"]
 
 PROGRESS_MARK = "\x1ehvs-progress\x1e"
 #: What a job adds to its ranks' environment to turn records on.
@@ -64,6 +66,7 @@ class _Totals:
         self.emitted = -math.inf
         self.explicit = False          # report() was called: the step hook stands aside
         self.samples_per_step = 0      # the hook's samples per optimizer step (FitTracked)
+        self.batch_size = 0            # samples per batch (FitTracked), for keras_callback
         self.steps_per_epoch: Optional[int] = None
         self.epochs: Optional[int] = None
         self._engine_seen = 0.0        # the engine's collective_s when last read
@@ -83,10 +86,14 @@ def _rank_totals() -> Optional[_Totals]:
         return _totals
 
 
+_ENGINES = ("horovod_spark.torch._state", "horovod_spark.tensorflow._basics")
+
+
 def _engine_seconds(s: _Totals) -> float:
-    """Seconds horovod_spark.torch's engine spent in collectives since the last call."""
-    state = sys.modules.get("horovod_spark.torch._state")
-    if state is None or not state.is_initialized():
+    """Seconds the torch or tensorflow adapter's engine spent in collectives since the last call."""
+    state = next((m for m in map(sys.modules.get, _ENGINES)
+                  if m is not None and m.is_initialized()), None)
+    if state is None:
         return 0.0
     try:
         now = float(state.engine().metrics().get("collective_s", 0.0))
@@ -275,6 +282,36 @@ class Tracked:
             _write(line)
 
 
+def keras_callback(batch_size: Optional[int] = None):
+    """A Keras callback that reports every batch of `model.fit` to the progress display.
+
+    Add it to fit's callbacks on every rank (KerasEstimator runs its `callbacks` on every
+    rank).  `batch_size`: samples per batch on this rank, for samples/s (inside a
+    KerasEstimator fit it is known without it).
+    """
+    import keras
+
+    class KerasProgress(keras.callbacks.Callback):
+        epoch = 0
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            params = self.params or {}
+            loss = (logs or {}).get("loss")
+            report(epoch=self.epoch, epochs=params.get("epochs"), step=batch,
+                   steps=params.get("steps"), loss=None if loss is None else float(loss),
+                   samples=batch_size or _batch_size())
+
+    return KerasProgress()  # pickled by value; module functions like _batch_size by reference
+
+
+def _batch_size() -> Optional[int]:
+    s = _totals
+    return s.batch_size if s is not None and s.batch_size else None
+
+
 class FitTracked(Tracked):
     """An estimator's rank function `fn(spec: TrainSpec, directory)`, tracked."""
 
@@ -286,6 +323,7 @@ class FitTracked(Tracked):
         batches = steps_per_epoch(spec.train_rows, spec.batch_size, k)
         s.steps_per_epoch = max(batches // k, 1)
         s.samples_per_step = int(spec.batch_size) * k
+        s.batch_size = int(spec.batch_size)
         s.epochs = int(spec.epochs)
 
 
