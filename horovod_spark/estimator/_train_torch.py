@@ -31,11 +31,22 @@ def train(spec: TrainSpec, directory: str) -> Optional[Dict[str, Any]]:
 
     entered = time.time()
     hvd.init()
+    _share_cores(hvd.local_size())
     data = RankData(spec, directory, hvd.rank())
     try:
         return _fit(hvd, spec, data, entered)
     finally:
         data.close()
+
+
+def _share_cores(local_size: int) -> None:
+    """Ranks on one host split its cores, unless the user set OMP_NUM_THREADS."""
+    import os
+
+    import torch
+
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_size)))
 
 
 def _device(use_gpu: bool):

@@ -122,3 +122,27 @@ def test_transform_names_a_missing_feature_column(df):
                                    label_cols=["y"])
     with pytest.raises(ValueError, match=r"\['vector'\] not in the DataFrame; its columns are"):
         model.transform(df)
+
+
+class TwoHeads(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scalar, self.vector = torch.nn.Linear(3, 1), torch.nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.scalar(x), self.vector(x)
+
+
+def test_a_model_with_two_outputs_fills_one_column_per_label(df):
+    torch.manual_seed(2)
+    net = TwoHeads()
+    out = TorchModel.from_module(net, feature_cols=["vec"], label_cols=["scalar", "label"]) \
+        .transform(df)
+    assert dict(out.dtypes)["scalar__output"] == "double"
+    assert dict(out.dtypes)["label__output"] == "vector"
+    rows = out.collect()
+    x = torch.tensor(np.array([r.vec.toArray() for r in rows]), dtype=torch.float32)
+    with torch.no_grad():
+        a, b = net(x)
+    np.testing.assert_allclose([r.scalar__output for r in rows], a.numpy()[:, 0], rtol=1e-6)
+    np.testing.assert_allclose([r.label__output.toArray() for r in rows], b.numpy(), rtol=1e-6)

@@ -169,3 +169,25 @@ def test_cross_validator_fits_and_picks_a_model(spark, tmp_path):
                         seed=0).fit(df)
     assert cv.avgMetrics[0] < 0.1
     assert evaluator.evaluate(cv.bestModel.transform(df)) < 0.1
+
+
+def test_a_validation_column_a_transformation_and_an_fsspec_store(spark, tmp_path):
+    from horovod_spark.estimator import FilesystemStore
+
+    x = np.random.default_rng(4).normal(size=(400, 2))
+    rows = [(r.tolist(), float(2 * r.sum()), i % 4 == 0) for i, r in enumerate(x)]
+    df = spark.createDataFrame(rows, "x array<double>, y double, held_out boolean")
+
+    def doubled(batch):  # the ranks see 2x, so the model should learn weights of 1
+        return dict(batch, x=batch["x"] * 2)
+
+    store = FilesystemStore(f"file://{tmp_path}/fs")
+    net = torch.nn.Linear(2, 1, bias=False)
+    model = TorchEstimator(num_proc=2, model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.05),
+                           loss=torch.nn.MSELoss(), feature_cols=["x"], label_cols=["y"],
+                           validation="held_out", transformation_fn=doubled, batch_size=10,
+                           epochs=3, store=store, run_id="fsspec", verbose=0).fit(df)
+    assert model.getHistory()["val_loss"][-1] < 1e-3
+    np.testing.assert_allclose(model.getModel().weight.detach().numpy()[0], [1.0, 1.0], atol=0.02)
+    assert store.checkpoint_epochs("fsspec") == [1, 2]
+    assert store.exists(store.model_path("fsspec"))
