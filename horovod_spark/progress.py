@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import os
 import sys
 import threading
@@ -42,7 +43,8 @@ from typing import Any, Callable, Optional
 __all__ = ["report", "keras_callback", "Display", "Tracked", "FitTracked", "PROGRESS_MARK",
            "ENABLED"]
 
-PROGRESS_MARK = "\x1ehvs-progress\x1e"
+#: Starts a record.  STX, not a character str.splitlines() breaks at (as it does at \x1e).
+PROGRESS_MARK = "\x02hvs-progress\x02"
 #: What a job adds to its ranks' environment to turn records on.
 ENABLED = (("HVS_PROGRESS", "1"),)
 MIN_INTERVAL = 0.25   # seconds between two records of one rank (epoch ends excepted)
@@ -133,15 +135,17 @@ def _write(line: Optional[str]) -> None:
         pass
 
 
-def _number(name: str, value: Any, kind=(int, float)) -> Any:
+def _number(name: str, value: Any, integer: bool = False) -> Any:
+    """value as an int (a count) or a float, numpy and torch scalars included."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, kind):
-        try:
-            value = float(value) if kind != int else int(value)  # torch / numpy scalars
-        except (TypeError, ValueError):
-            raise TypeError(f"progress.report: {name} must be a number, got "
-                            f"{type(value).__name__}") from None
+    try:
+        if isinstance(value, (str, bytes, bool)):
+            raise TypeError
+        value = operator.index(value) if integer else float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"progress.report: {name} must be {'an int' if integer else 'a number'}, "
+                        f"got {type(value).__name__}") from None
     if value < 0:
         raise ValueError(f"progress.report: {name} must be >= 0, got {value!r}")
     return value
@@ -168,11 +172,14 @@ def report(*, epoch: Optional[int] = None, step: Optional[int] = None,
     Raises:
         TypeError / ValueError: an argument that is not a number >= 0.
     """
-    ints = {k: _number(k, v, int) for k, v in
+    ints = {k: _number(k, v, integer=True) for k, v in
             (("epoch", epoch), ("step", step), ("steps", steps), ("epochs", epochs))}
-    samples = _number("samples", samples, int)
+    samples = _number("samples", samples, integer=True)
     allreduce_time = _number("allreduce_time", allreduce_time)
-    loss = None if loss is None else float(loss)
+    try:  # a loss may be negative
+        loss = None if loss is None else float(loss)
+    except (TypeError, ValueError):
+        raise TypeError(f"progress.report: loss must be a number, got {type(loss).__name__}") from None
     s = _rank_totals()
     if s is None:
         return
