@@ -98,6 +98,7 @@ def _get_lr(opt) -> float:
 
 
 def _momentum_slots(opt) -> list:
+    opt = getattr(opt, "inner_optimizer", opt)  # a LossScaleOptimizer's momentum is its inner's
     if not float(getattr(opt, "momentum", 0.0) or 0.0):
         return []
     return list(getattr(opt, "momentums", None) or getattr(opt, "_momentums", None) or [])

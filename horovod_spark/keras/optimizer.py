@@ -7,6 +7,13 @@ instance of a subclass made on the fly from the optimizer's own class, with
 the same kernels as every other op) and `build` extended for local gradient
 aggregation.  The subclass keeps the base class's name and module, so a saved
 model records a plain Keras optimizer and loads without horovod_spark.
+
+Mixed precision: under the mixed_float16 policy Keras wraps the optimizer in
+a LossScaleOptimizer at compile time, and that wrapper applies the inner
+optimizer only when the *local* gradients are finite -- one rank overflowing
+would skip the reduction the others wait in.  So the wrapper is made here,
+outside: the gradients are reduced first and every rank sees the same
+overflow and takes the same branch.
 """
 from __future__ import annotations
 
@@ -107,6 +114,9 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, device_dense: st
 
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a Keras 3 optimizer, got {type(optimizer).__name__}")
+    if (keras.config.dtype_policy().name == "mixed_float16"
+            and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)):
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name

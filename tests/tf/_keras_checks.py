@@ -192,6 +192,31 @@ def sparse_embedding_gradients_train_like_the_global_batch():
 
 
 @check
+def mixed_precision_overflow_on_one_rank_skips_the_step_on_every_rank():
+    tf, keras, hvd, r, n = _setup()
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = _mlp(keras, 0)
+        opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1))
+        model.compile(optimizer=opt, loss="mse", jit_compile=False)
+        assert model.optimizer is opt and isinstance(opt, keras.optimizers.LossScaleOptimizer)
+        x, y = _data(n)
+        x, y = _shard(x, r, n), _shard(y, r, n)
+        before = _weights(model)
+        big = x * (1e5 if r == n - 1 else 1.0)  # float16 gradients overflow on one rank only
+        model.fit(big[:LOCAL_BATCH], y[:LOCAL_BATCH], batch_size=LOCAL_BATCH, epochs=1, verbose=0)
+        _close(_weights(model), before, 0)  # every rank skipped the step
+        scales = hvd.allgather_object(float(opt.dynamic_scale.numpy()))
+        assert len(set(scales)) == 1 and scales[0] < opt.initial_scale, scales
+        model.fit(x, y, batch_size=LOCAL_BATCH, epochs=1, verbose=0, shuffle=False)
+        weights = hvd.allgather_object(_weights(model))
+        _close(weights[0], weights[-1], 0)
+        assert np.abs(weights[0][0] - before[0]).max() > 0
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+@check
 def learning_rate_warmup_ramps_from_lr_over_size_to_lr():
     tf, keras, hvd, r, n = _setup()
     seen = []

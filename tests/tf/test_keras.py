@@ -41,6 +41,10 @@ def test_sparse_embedding_gradients_train_like_the_global_batch(results):
     assert_ok(results, "sparse_embedding_gradients_train_like_the_global_batch")
 
 
+def test_mixed_precision_overflow_on_one_rank_skips_the_step_on_every_rank(results):
+    assert_ok(results, "mixed_precision_overflow_on_one_rank_skips_the_step_on_every_rank")
+
+
 def test_learning_rate_warmup_ramps_from_lr_over_size_to_lr(results):
     assert_ok(results, "learning_rate_warmup_ramps_from_lr_over_size_to_lr")
 
