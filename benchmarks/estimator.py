@@ -98,7 +98,8 @@ PHASES = (("stage_start", "task_start", "Spark starts the tasks"),
           ("task_start", "spilled", "tasks read + spill their partitions"),
           ("spilled", "agreed", "census round"),
           ("agreed", "rank_entry", "rank processes start (python, torch import)"),
-          ("rank_entry", "ready", "hvd.init, model, broadcast"),
+          ("rank_entry", "initialized", "hvd.init (rendezvous over allGather)"),
+          ("initialized", "ready", "shard mapped, model built, state broadcast"),
           ("ready", "trained", "epochs"),
           ("trained", "stage_end", "result back to the driver"))
 

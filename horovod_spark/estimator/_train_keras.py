@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import json
+import dataclasses
 import time
 from typing import Any, Dict, Iterator, List, Optional
 
@@ -36,6 +37,7 @@ def train(spec: TrainSpec, directory: str) -> Optional[Dict[str, Any]]:
 
     entered = time.time()
     hvd.init()
+    spec = dataclasses.replace(spec, stamps=spec.stamps + (("initialized", time.time()),))
     data = RankData(spec, directory, hvd.rank())
     try:
         return _fit(hvd, spec, data, entered)

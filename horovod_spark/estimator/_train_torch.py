@@ -14,6 +14,7 @@ and its timings; the other ranks return None.
 from __future__ import annotations
 
 import io
+import dataclasses
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -31,6 +32,7 @@ def train(spec: TrainSpec, directory: str) -> Optional[Dict[str, Any]]:
 
     entered = time.time()
     hvd.init()
+    spec = dataclasses.replace(spec, stamps=spec.stamps + (("initialized", time.time()),))
     _share_cores(hvd.local_size())
     data = RankData(spec, directory, hvd.rank())
     try:

@@ -153,15 +153,27 @@ def test_partitions_made_by_coalesce_are_repartitioned_for_the_barrier_stage(
     assert "a barrier stage can't start from; repartitioning" in capfd.readouterr().out
 
 
-def test_cross_validator_fits_and_picks_a_model(spark, tmp_path):
+class TwoScalars(torch.nn.Module):
+    """Takes two scalar feature columns, each (batch, 1)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(2, 1)
+
+    def forward(self, a, b):
+        return self.linear(torch.cat([a, b], dim=1))
+
+
+def test_cross_validator_fits_scalar_feature_columns_and_picks_a_model(spark, tmp_path):
     from pyspark.ml.evaluation import RegressionEvaluator
     from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
 
     x = np.random.default_rng(3).normal(size=(600, 2))
-    df = spark.createDataFrame([(r.tolist(), float(2 * r[0] - r[1])) for r in x], ["x", "y"])
-    net = torch.nn.Linear(2, 1)
+    df = spark.createDataFrame([(float(a), float(b), float(2 * a - b)) for a, b in x],
+                               ["a", "b", "y"])
+    net = TwoScalars()
     est = TorchEstimator(num_proc=2, model=net, optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
-                         loss=torch.nn.MSELoss(), feature_cols=["x"], label_cols=["y"],
+                         loss=torch.nn.MSELoss(), feature_cols=["a", "b"], label_cols=["y"],
                          epochs=3, store=str(tmp_path), verbose=0)
     grid = ParamGridBuilder().addGrid(est.batch_size, [16]).build()
     evaluator = RegressionEvaluator(labelCol="y", predictionCol="y__output", metricName="rmse")
