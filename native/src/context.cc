@@ -62,9 +62,13 @@ Status Context::fail(Status st) {
     failed_ = st.code();
     failure_ = st.what();
     failed_peer_ = st.peer();
-    if (shm_) shm_->mark_aborted();
+    if (shm_) shm_->mark_aborted(st.code());
   }
   return st;
+}
+
+void Context::tag(const OpTag& t) {
+  if (shm_) shm_->set_op(t);
 }
 
 TcpGroup Context::tcp_group(const std::vector<int>& members) {
@@ -97,6 +101,7 @@ Status Context::allreduce(const void* src, void* dst, size_t count, DType dt, Re
     if (dst != src) std::memmove(dst, src, count * elem);
     return Status();
   }
+  tag(OpTag{OpTag::kAllreduce, static_cast<int>(dt), static_cast<int>(op), -1, count, 0});
   if (leaders_.empty())
     return shm_allreduce(*shm_, src, dst, count, elem, fn, -1, opt_.small_bytes);
   HVS_CHECK(hier_allreduce(src, dst, count, elem, fn));
@@ -108,6 +113,7 @@ Status Context::allgather(const void* src, void* dst, const std::vector<size_t>&
   const size_t elem = itemsize(dt);
   std::vector<size_t> off = byte_offsets(counts, elem);
   char* out = static_cast<char*>(dst);
+  tag(OpTag{OpTag::kAllgather, static_cast<int>(dt), -1, -1, off.back() / elem, digest_of(counts)});
   std::vector<char*> dsts;
   std::vector<size_t> bytes;
   for (int r : locals_) dsts.push_back(out + off[r]), bytes.push_back(counts[r] * elem);
@@ -138,6 +144,7 @@ Status Context::broadcast(void* buf, size_t count, DType dt, int root) {
   if (root < 0 || root >= opt_.size)
     return HVS_ERROR(Code::kInvalid, "broadcast root " + std::to_string(root) + " is outside the world");
   Span all{static_cast<char*>(buf), count * itemsize(dt)};
+  tag(OpTag{OpTag::kBroadcast, static_cast<int>(dt), -1, root, count, 0});
   const int root_host = opt_.hosts[root];
   if (!leaders_.empty()) {
     std::vector<int> chain{root};  // the root, then one rank of every other host
@@ -165,6 +172,8 @@ Status Context::reducescatter(const void* src, void* dst, const std::vector<size
   const size_t elem = itemsize(dt);
   std::vector<size_t> off = byte_offsets(counts, elem);
   const char* in = static_cast<const char*>(src);
+  tag(OpTag{OpTag::kReducescatter, static_cast<int>(dt), static_cast<int>(op), -1, off.back() / elem,
+            digest_of(counts)});
   if (leaders_.empty() && shm_) {
     std::vector<size_t> elem_off(counts.size());
     for (size_t i = 0; i < counts.size(); ++i) elem_off[i] = off[i] / elem;
@@ -193,6 +202,7 @@ Status Context::alltoall(const void* src, const std::vector<size_t>& send_counts
   HVS_CHECK(check_usable());
   const size_t elem = itemsize(dt);
   std::vector<size_t> soff = byte_offsets(send_counts, elem), roff = byte_offsets(recv_counts, elem);
+  tag(OpTag{OpTag::kAlltoall, static_cast<int>(dt), -1, -1, 0, 0});  // sizes differ by rank
   char* in = const_cast<char*>(static_cast<const char*>(src));
   char* out = static_cast<char*>(dst);
   auto send_span = [&](int r) { return Span{in + soff[r], send_counts[r] * elem}; };
@@ -217,6 +227,7 @@ Status Context::alltoall(const void* src, const std::vector<size_t>& send_counts
 
 Status Context::barrier() {
   HVS_CHECK(check_usable());
+  tag(OpTag{OpTag::kBarrier, -1, -1, -1, 0, 0});
   if (shm_) HVS_CHECK(shm_barrier(*shm_));
   if (leaders_.empty()) return Status();
   if (is_member(leaders_, opt_.rank)) {

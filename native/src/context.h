@@ -63,6 +63,7 @@ class Context {
 
  private:
   Status check_usable() const;
+  void tag(const OpTag& t);  // what this op is, for the shm agreement check
   TcpGroup tcp_group(const std::vector<int>& members);
   Status hier_allreduce(const void* src, void* dst, size_t count, size_t elem, ReduceFn fn);
 

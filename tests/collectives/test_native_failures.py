@@ -163,3 +163,35 @@ def test_closing_the_native_backend_twice_is_fine_and_later_ops_say_it_is_closed
     comm.close()
     with pytest.raises(collectives.PeerLostError, match="native backend is closed"):
         backend.allreduce(np.zeros(4, np.float32), np.zeros(4, np.float32), DType.FLOAT32, ReduceOp.SUM)
+
+
+def _disagree(kind):
+    import numpy as np
+
+    import collectives
+
+    comm = collectives.init()
+    comm.barrier()
+    try:
+        if kind == "sizes":
+            comm.allreduce(np.ones(100 + 100 * comm.rank, np.float32))
+        else:  # rank 0 reduces, rank 1 broadcasts
+            x = np.ones(64, np.float32)
+            comm.allreduce(x) if comm.rank == 0 else comm.broadcast(x, root=0)
+    except collectives.CollectiveError as exc:
+        return {"error": type(exc).__name__, "message": str(exc)}
+    return {"error": None}
+
+
+@pytest.mark.parametrize("kind", ["sizes", "ops"])
+def test_ranks_that_disagree_on_a_collective_get_a_mismatch_error_naming_both(kind):
+    reports = run_local(_disagree, 2, args=(kind,), env={"HOROVOD_SPARK_TIMEOUT": "20"}, timeout=60)
+    for r, rep in enumerate(reports):
+        assert rep["error"] == "MismatchError", rep
+        assert f"peer rank {1 - r}" in rep["message"], rep
+    if kind == "sizes":
+        assert "allreduce sum of 100 float32" in reports[0]["message"]
+        assert "allreduce sum of 200 float32" in reports[0]["message"]
+    else:  # rank 1 reads rank 0's tag first; rank 0 hears of it from rank 1
+        assert "broadcast of 64 float32 from rank 0" in reports[1]["message"]
+        assert "allreduce sum of 64 float32" in reports[1]["message"]

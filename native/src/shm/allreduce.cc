@@ -35,7 +35,7 @@ Status allreduce_small(ShmGroup& g, const void* src, void* dst, size_t count, si
   std::memcpy(g.buffer(g.me()), src, count * elem);
   g.post();
   if (root < 0 || root == g.me()) {
-    HVS_CHECK(g.wait_all(g.phase()));
+    HVS_CHECK(g.wait_step_all());
     std::vector<const void*> inputs(g.size());
     for (int j = 0; j < g.size(); ++j) inputs[j] = g.buffer(j);
     reduce_many(fn, elem, dst, inputs.data(), g.size(), count);
@@ -90,7 +90,7 @@ Status allreduce_chunk(ShmGroup& g, const char* src, char* dst, size_t n, size_t
   std::memcpy(mine + after * elem, src + after * elem, (n - after) * elem);
   g.post();
   HVS_CHECK(copy_out(g, pending, elem));
-  HVS_CHECK(g.wait_all(g.phase()));
+  HVS_CHECK(g.wait_step_all());
   size_t off = s.first(me) * elem;
   for (int j = 0; j < size; ++j) inputs[j] = j == me ? src + off : g.buffer(j) + off;
   const bool out = root < 0 || root == me;

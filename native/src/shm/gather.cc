@@ -55,7 +55,7 @@ Status shm_broadcast(ShmGroup& g, const std::vector<Span>& spans, int root) {
       for (const Span& p : pieces) std::memcpy(buf, p.ptr, p.len), buf += p.len;
       g.post();
     } else {
-      HVS_CHECK(g.wait_one(root, g.phase() + 1));
+      HVS_CHECK(g.wait_step_root(root));
       for (const Span& p : pieces) std::memcpy(p.ptr, buf, p.len), buf += p.len;
       g.post();
     }
@@ -79,7 +79,7 @@ Status shm_allgather(ShmGroup& g, const void* src, const std::vector<char*>& dst
     size_t mine = bytes[me] > first ? std::min(cap, bytes[me] - first) : 0;
     std::memcpy(g.buffer(me), in + first, mine);
     g.post();
-    HVS_CHECK(g.wait_all(g.phase()));
+    HVS_CHECK(g.wait_step_all());
     for (int j = 0; j < g.size(); ++j) {
       size_t n = bytes[j] > first ? std::min(cap, bytes[j] - first) : 0;
       std::memcpy(dsts[j] + first, g.buffer(j), n);
@@ -93,7 +93,7 @@ Status shm_barrier(ShmGroup& g) {
   if (g.size() == 1) return Status();
   HVS_CHECK(g.begin_step());
   g.post();
-  HVS_CHECK(g.wait_all(g.phase()));
+  HVS_CHECK(g.wait_step_all());
   g.end_step();
   return Status();
 }

@@ -14,10 +14,13 @@
 #include <string>
 
 #include "../clock.h"
+#include "hvs/types.h"
 
 namespace hvs {
 
 namespace {
+constexpr size_t kTagBytes = 64;  // the tag at the start of every buffer
+static_assert(sizeof(OpTag) <= kTagBytes, "an OpTag fits its place");
 constexpr uint64_t kYieldNs = 200000;         // yield for 0.2 ms after spinning, then sleep
 constexpr uint64_t kCheckEveryNs = 20000000;  // peer liveness every 20 ms, the longest sleep
 
@@ -64,19 +67,64 @@ ShmGroup::ShmGroup(std::unique_ptr<Segment> seg, int me, std::vector<int> world,
   size_t chunk = chunk_bytes < 4096 ? 4096 : chunk_bytes / 4096 * 4096;
   if (chunk > slot / 2) chunk = slot / 2 / 64 * 64;
   nbuf_ = slot / chunk;  // >= 2
-  buf_bytes_ = chunk;
+  buf_bytes_ = chunk - kTagBytes;
   chunk_bytes_ = chunk;
   end_phase_.assign(nbuf_, 0);
 }
 
 char* ShmGroup::buffer(int local, uint64_t step) const {
-  return seg_->slot(local) + (step % nbuf_) * buf_bytes_;
+  return seg_->slot(local) + (step % nbuf_) * chunk_bytes_ + kTagBytes;
 }
 
 // end_phase_[(g + 1) % nbuf] holds the end of step g + 1 - nbuf.
 Status ShmGroup::begin_step() {
   if (step_ + 1 >= nbuf_) HVS_CHECK(wait_all(end_phase_[(step_ + 1) % nbuf_]));
+  std::memcpy(buffer(me_) - kTagBytes, &tag_, sizeof tag_);
   return Status();
+}
+
+Status ShmGroup::wait_step_all() {
+  HVS_CHECK(wait_all(phase_));
+  for (int j = 0; j < size(); ++j)
+    if (j != me_) HVS_CHECK(check_tag(j));
+  return Status();
+}
+
+Status ShmGroup::wait_step_root(int root) {
+  HVS_CHECK(wait_one(root, phase_ + 1));
+  HVS_CHECK(check_tag(root));
+  return Status();
+}
+
+Status ShmGroup::check_tag(int local) const {
+  OpTag theirs;
+  std::memcpy(&theirs, buffer(local) - kTagBytes, sizeof theirs);
+  if (theirs == tag_) return Status();
+  return HVS_ERROR(Code::kMismatch, "ranks disagree: this rank is in " + tag_.describe() +
+                                        ", the peer in " + theirs.describe(), world_[local])
+      .with_hint("every rank must call the same collectives in the same order, with the same sizes");
+}
+
+uint64_t digest_of(const std::vector<size_t>& counts) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (size_t c : counts) {
+    h ^= static_cast<uint64_t>(c);
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::string OpTag::describe() const {
+  static const char* kinds[] = {"no collective", "allreduce", "broadcast", "allgather",
+                                "reducescatter", "alltoall", "barrier"};
+  std::string out = kind <= kBarrier ? kinds[kind] : "an unknown collective";
+  if (kind == kBarrier || kind == kNone) return out;
+  if (kind == kAllreduce || kind == kReducescatter)
+    out += std::string(" ") + op_name(static_cast<ReduceOp>(op));
+  out += std::string(" of ") + std::to_string(count) + " " + dtype_name(static_cast<DType>(dtype));
+  if (kind == kBroadcast) out += " from rank " + std::to_string(root);
+  if (kind == kAllgather || kind == kReducescatter) out += " (counts digest " + std::to_string(digest % 100000) + ")";
+  return out;
 }
 
 void ShmGroup::end_step() {
@@ -92,7 +140,9 @@ void ShmGroup::post() {
   if (c.waiters.load(std::memory_order_seq_cst) != 0) futex_wake_all(c.phase);
 }
 
-void ShmGroup::mark_aborted() { seg_->control(me_).aborted.store(1, std::memory_order_release); }
+void ShmGroup::mark_aborted(Code why) {
+  seg_->control(me_).aborted.store(static_cast<uint32_t>(why), std::memory_order_release);
+}
 
 Status ShmGroup::wait_all(uint64_t target) {
   for (int j = 0; j < size(); ++j) {
@@ -140,26 +190,29 @@ Status ShmGroup::wait_slow(int local, uint64_t target) {
   }
 }
 
-// The root cause first: a peer that died without giving up on an op (a rank
-// that failed and exited marked itself aborted first), then any dead peer,
-// then a live peer that gave up.
+// The root cause first: a peer that found a disagreement, then a peer that
+// died without giving up on an op (a rank that failed and exited marked its
+// failure first), then any peer that gave up or died.
 Status ShmGroup::check_peers() const {
-  int dead = -1;
+  int dead = -1, gave_up = -1;
   for (int j = 0; j < size(); ++j) {
-    if (j == me_ || process_alive(pids_[j])) continue;
-    bool gave_up = seg_->control(j).aborted.load(std::memory_order_acquire) != 0;
-    if (dead < 0 || !gave_up) dead = j;
-    if (!gave_up) break;
+    if (j == me_) continue;
+    uint32_t why = seg_->control(j).aborted.load(std::memory_order_acquire);
+    if (why == static_cast<uint32_t>(Code::kMismatch))
+      return HVS_ERROR(Code::kMismatch, "the peer found that the ranks disagree on this collective",
+                       world_[j])
+          .with_hint("see that rank's error; every rank must call the same collectives, same sizes");
+    if (why != 0 && gave_up < 0) gave_up = j;
+    if (why == 0 && dead < 0 && !process_alive(pids_[j])) dead = j;
   }
   if (dead >= 0)
     return HVS_ERROR(Code::kPeerLost,
                      "local peer process " + std::to_string(pids_[dead]) + " has exited", world_[dead])
         .with_hint("see that rank's output for its error");
-  for (int j = 0; j < size(); ++j)
-    if (j != me_ && seg_->control(j).aborted.load(std::memory_order_acquire))
-      return HVS_ERROR(Code::kPeerLost, "local peer gave up on the collective after an error",
-                       world_[j])
-          .with_hint("see that rank's error");
+  if (gave_up >= 0)
+    return HVS_ERROR(Code::kPeerLost, "local peer gave up on the collective after an error",
+                     world_[gave_up])
+        .with_hint("see that rank's error");
   return Status();
 }
 

@@ -16,6 +16,12 @@
 // g - nbuf + 1; with many buffers that has almost always happened already,
 // and the check is a few loads.
 //
+// Agreement: every buffer starts with a tag naming the op this rank is in
+// (kind, dtype, reduce op, root, count, a digest of per-rank counts).  A rank
+// reads a peer's buffer only after checking that tag against its own, so
+// ranks that call different collectives, or the same one with other sizes,
+// get a MismatchError naming both, never garbage.
+//
 // Waiting: spin on the peer's counter (no syscall on the fast path) for
 // `spin_ns`, then sched_yield for a little while (another local rank may need
 // this core), then sleep on a futex on the counter, which the peer wakes when
@@ -29,12 +35,28 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "hvs/status.h"
 #include "segment.h"
 
 namespace hvs {
+
+struct OpTag {
+  enum Kind : uint32_t { kNone, kAllreduce, kBroadcast, kAllgather, kReducescatter, kAlltoall, kBarrier };
+  uint32_t kind = kNone;
+  int32_t dtype = -1, op = -1, root = -1;
+  uint64_t count = 0, digest = 0;
+  bool operator==(const OpTag& o) const {
+    return kind == o.kind && dtype == o.dtype && op == o.op && root == o.root && count == o.count &&
+           digest == o.digest;
+  }
+  std::string describe() const;
+};
+
+// A digest of per-rank counts, for tags.
+uint64_t digest_of(const std::vector<size_t>& counts);
 
 struct WaitPolicy {
   uint64_t spin_ns = 50000;
@@ -53,6 +75,9 @@ class ShmGroup {
   size_t buf_bytes() const { return buf_bytes_; }
   size_t chunk_bytes() const { return chunk_bytes_; }
 
+  // The op every following step belongs to (its tag goes into each buffer).
+  void set_op(const OpTag& tag) { tag_ = tag; }
+
   // Step bookkeeping; see the file comment.
   Status begin_step();
   void end_step();
@@ -64,11 +89,15 @@ class ShmGroup {
   uint64_t phase() const { return phase_; }
   Status wait_all(uint64_t target);
   Status wait_one(int local, uint64_t target);
-  void mark_aborted();
+  // Wait for this step's post of every peer (of `root`), then check their tags.
+  Status wait_step_all();
+  Status wait_step_root(int root);
+  void mark_aborted(Code why);  // tells the peers, which stop waiting for us
 
  private:
   Status wait_slow(int local, uint64_t target);
   Status check_peers() const;
+  Status check_tag(int local) const;
 
   std::unique_ptr<Segment> seg_;
   int me_;
@@ -81,6 +110,7 @@ class ShmGroup {
   uint64_t phase_ = 0;
   uint64_t step_ = 0;
   std::vector<uint64_t> end_phase_;  // phase at the end of step g, at g % nbuf
+  OpTag tag_;
 };
 
 }  // namespace hvs

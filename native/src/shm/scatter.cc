@@ -31,7 +31,7 @@ Status agree_on_max(ShmGroup& g, size_t mine, size_t* most) {
   HVS_CHECK(g.begin_step());
   std::memcpy(g.buffer(g.me()), &mine, sizeof mine);
   g.post();
-  HVS_CHECK(g.wait_all(g.phase()));
+  HVS_CHECK(g.wait_step_all());
   *most = 0;
   for (int j = 0; j < g.size(); ++j) {
     size_t v;
@@ -62,7 +62,7 @@ Status shm_reducescatter(ShmGroup& g, const void* src, void* dst,
       if (j != me)
         std::memcpy(mine + j * piece, in + offsets[j] * elem + first, part(counts[j] * elem, first, piece));
     g.post();
-    HVS_CHECK(g.wait_all(g.phase()));
+    HVS_CHECK(g.wait_step_all());
     size_t n = part(counts[me] * elem, first, piece);
     for (int j = 0; j < size; ++j)
       inputs[j] = j == me ? in + offsets[me] * elem + first : g.buffer(j) + me * piece;
@@ -89,7 +89,7 @@ Status shm_alltoall(ShmGroup& g, const std::vector<Span>& send, const std::vecto
     for (int j = 0; j < size; ++j)
       if (j != me) std::memcpy(buf + j * piece, send[j].ptr + first, part(send[j].len, first, piece));
     g.post();
-    HVS_CHECK(g.wait_all(g.phase()));
+    HVS_CHECK(g.wait_step_all());
     for (int j = 0; j < size; ++j) {
       const char* from = j == me ? send[me].ptr + first : g.buffer(j) + me * piece;
       std::memmove(recv[j].ptr + first, from, part(recv[j].len, first, piece));

@@ -26,7 +26,7 @@ namespace hvs {
 struct alignas(128) ShmControl {
   std::atomic<uint64_t> phase;    // phases this rank has posted, ever (its low half is a futex)
   std::atomic<uint32_t> waiters;  // ranks asleep on `phase`: the poster wakes them
-  std::atomic<uint32_t> aborted;  // set when this rank gave up on an op
+  std::atomic<uint32_t> aborted;  // the Code of the error this rank gave up on, or 0
 };
 
 class Segment {
