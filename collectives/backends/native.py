@@ -29,7 +29,7 @@ __all__ = ["NativeBackend", "TUNING"]
 TUNING = {
     "shm_chunk": 256 * 1024,    # one shared-memory step: fits L2 with the data it touches
     "small_bytes": 64 * 1024,   # allreduce up to here in one step, every rank reducing all
-    "tcp_chunk": 256 * 1024,    # one ring item
+    "tcp_chunk": 512 * 1024,    # one ring item (and the staging buffer of a reduce)
     "spin_us": 50,              # spin before yielding, when every local rank has a core
 }
 

@@ -38,7 +38,7 @@ struct ContextOptions {
   uint64_t spin_ns = 50000;
   size_t shm_chunk = 256 * 1024;  // bytes per shm step buffer
   size_t small_bytes = 64 * 1024;  // shm allreduce: one-step path up to here
-  size_t tcp_chunk = 256 * 1024;
+  size_t tcp_chunk = 512 * 1024;
 };
 
 class Context {

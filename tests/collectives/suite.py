@@ -22,7 +22,7 @@ FLOATS = ("float16", "bfloat16", "float32", "float64")
 INTS = ("int8", "int16", "int32", "int64", "uint8")
 DTYPES = FLOATS + INTS + ("bool",)
 LARGE_BYTES = 400 * 1024  # several shm steps and TCP chunks, above the one-step path
-HUGE_FLOATS = 400_003     # float32 only: several TCP chunks per ring segment even on 4 ranks
+HUGE_FLOATS = 1_200_007   # float32 only: several 512 KiB TCP chunks per ring segment on 4 ranks
 
 
 def counts_for(dtype: str, huge: bool = False) -> tuple:
