@@ -7,12 +7,13 @@ launcher, the same environment and one thread per rank).
 from __future__ import annotations
 
 import os
+import resource
 import socket
 import statistics
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
-__all__ = ["free_port", "gloo_init", "timed", "summarize", "slowest", "load"]
+__all__ = ["free_port", "gloo_init", "timed", "cpu_seconds", "summarize", "slowest", "load"]
 
 
 def free_port() -> int:
@@ -30,17 +31,29 @@ def gloo_init(port: int) -> None:
                             world_size=size)
 
 
-def timed(step: Callable[[], None], barrier: Callable[[], None], warmup: int, reps: int) -> List[float]:
-    """Seconds of each of `reps` calls of step(), each started together after a barrier."""
+def timed(step: Callable[[], None], barrier: Callable[[], None], warmup: int, reps: int,
+          cpu: Optional[list] = None) -> List[float]:
+    """Seconds of each of `reps` calls of step(), each started together after a barrier.
+
+    cpu: if given, receives the CPU seconds (every thread of this process) of each call.
+    """
     for _ in range(warmup):
         step()
     out = []
     for _ in range(reps):
         barrier()
-        t = time.perf_counter()
+        t, c = time.perf_counter(), cpu_seconds()
         step()
         out.append(time.perf_counter() - t)
+        if cpu is not None:
+            cpu.append(cpu_seconds() - c)
     return out
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process, every thread included."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
 
 
 def slowest(per_rank: List[List[float]]) -> List[float]:

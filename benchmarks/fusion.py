@@ -1,6 +1,7 @@
 """Fusion: 200 tensors of 16 KiB reduced per step, ours against torch.distributed Gloo.
 
     python benchmarks/fusion.py                  # 2 ranks, 30 timed repetitions
+    python benchmarks/fusion.py --rounds 3       # every implementation 3 times, interleaved
     python benchmarks/fusion.py --np 3 --reps 50 --tensors 400 --kib 4
 
 Implementations, each in its own group of rank processes (one thread each):
@@ -16,8 +17,9 @@ Implementations, each in its own group of rank processes (one thread each):
                   25 MiB buckets): backward() allreduces the buckets
 
 A repetition starts on every rank after a barrier; its time is the slowest
-rank's.  The table shows the median (and best) per repetition and the ratio
-of each implementation's median to ours.  The machine is shared: numbers are
+rank's.  The table shows the median (and best) per repetition, over every
+round, the ratio of each implementation's median and best to ours, and the
+median CPU time per repetition summed over the ranks (every thread).  The machine is shared: numbers are
 noisy; the JSON under benchmarks/results/ records the load average.
 """
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -85,8 +88,9 @@ def _ours_rank(spec, hooks: bool, keep: bool = False):
                 hs = [hvd.allreduce_async_(t, name=n, op=hvd.Sum) for t, n in zip(ts, names)]
                 for h in hs:
                     hvd.synchronize(h)
-        times = timed(step, hvd.barrier, spec["warmup"], spec["reps"])
-        return {"times": times, "metrics": hvd.metrics()}
+        cpu: list = []
+        times = timed(step, hvd.barrier, spec["warmup"], spec["reps"], cpu)
+        return {"times": times, "cpu": cpu, "metrics": hvd.metrics()}
     finally:
         if not keep:
             hvd.shutdown()
@@ -115,7 +119,8 @@ def _gloo_rank(spec, port: int, mode: str):
                 else:
                     for w in [dist.all_reduce(t, async_op=True) for t in ts]:
                         w.wait()
-        return {"times": timed(step, dist.barrier, spec["warmup"], spec["reps"])}
+        cpu: list = []
+        return {"times": timed(step, dist.barrier, spec["warmup"], spec["reps"], cpu), "cpu": cpu}
     finally:
         dist.destroy_process_group()
 
@@ -159,14 +164,24 @@ def run_impl(name: str, n: int, spec: dict) -> list:
 def table(results: dict, spec: dict, n: int) -> str:
     ours = results["ours"]["median_s"] if "ours" in results else None
     total_kib = spec["tensors"] * spec["kib"]
+    reps = next(iter(results.values()))["reps"] if results else 0
     lines = [f"# {spec['tensors']} tensors x {spec['kib']} KiB float32 ({total_kib} KiB) summed "
-             f"over {n} ranks per repetition; {spec['reps']} repetitions",
+             f"over {n} ranks per repetition; {reps} repetitions per implementation",
              f"# {'impl':>11} {'median(ms)':>11} {'best(ms)':>9} {'per tensor(us)':>15} "
-             f"{'median/ours':>12}"]
+             f"{'median/ours':>12} {'best/ours':>10} {'cpu(ms)':>8} {'cpu/ours':>9}"]
+    ours_cpu = results.get("ours", {}).get("cpu_median_s")
+    best = results["ours"]["best_s"] if "ours" in results else None
     for name, res in results.items():
         ratio = f"{res['median_s'] / ours:>11.1f}x" if ours else f"{'-':>12}"
+        bratio = f"{res['best_s'] / best:>9.1f}x" if best else f"{'-':>10}"
+        cpu = res.get("cpu_median_s")
+        cpu_txt = f"{cpu * 1e3:>8.2f}" if cpu is not None else f"{'-':>8}"
+        cratio = f"{cpu / ours_cpu:>8.1f}x" if cpu is not None and ours_cpu else f"{'-':>9}"
         lines.append(f"  {name:>11} {res['median_s'] * 1e3:>11.2f} {res['best_s'] * 1e3:>9.2f} "
-                     f"{res['median_s'] / spec['tensors'] * 1e6:>15.1f} {ratio}")
+                     f"{res['median_s'] / spec['tensors'] * 1e6:>15.1f} {ratio} {bratio} "
+                     f"{cpu_txt} {cratio}")
+    lines.append("# cpu: median CPU ms per repetition, every thread of every rank (less load-bound "
+                 "than wall time on a shared machine)")
     return "\n".join(lines)
 
 
@@ -177,6 +192,8 @@ def main(argv=None) -> int:
     p.add_argument("--kib", type=int, default=16, help="KiB per tensor (default 16)")
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every implementation this many times, interleaved (load drifts)")
     p.add_argument("--only", default=",".join(IMPLS))
     p.add_argument("--mpi-rank", help=argparse.SUPPRESS)
     ns = p.parse_args(argv)
@@ -184,12 +201,18 @@ def main(argv=None) -> int:
         _mpi_rank(json.loads(ns.mpi_rank))
         return 0
     spec = {"tensors": ns.tensors, "kib": ns.kib, "reps": ns.reps, "warmup": ns.warmup}
-    results, raw, load_before = {}, {}, load()
-    for name in [x for x in ns.only.split(",") if x]:
-        t = time.time()
-        raw[name] = run_impl(name, ns.np, spec)
-        results[name] = summarize(slowest([r["times"] for r in raw[name]]))
-        print(f"# {name}: done in {time.time() - t:.0f} s", file=sys.stderr, flush=True)
+    results, raw, times, cpus, load_before = {}, {}, {}, {}, load()
+    for k in range(ns.rounds):
+        for name in [x for x in ns.only.split(",") if x]:
+            t = time.time()
+            raw[name] = run_impl(name, ns.np, spec)
+            times.setdefault(name, []).extend(slowest([r["times"] for r in raw[name]]))
+            cpus.setdefault(name, []).extend(sum(c) for c in zip(*[r["cpu"] for r in raw[name]]))
+            print(f"# round {k}: {name}: done in {time.time() - t:.0f} s", file=sys.stderr,
+                  flush=True)
+    results = {name: summarize(ts) for name, ts in times.items()}
+    for name, cs in cpus.items():  # CPU of every rank: what the work costs, load or not
+        results[name]["cpu_median_s"] = statistics.median(cs)
     text = table(results, spec, ns.np)
     print(text)
     from _table import write_json
@@ -197,7 +220,8 @@ def main(argv=None) -> int:
     metrics = {k: v[0].get("metrics") for k, v in raw.items() if "metrics" in v[0]}
     path = write_json(f"fusion-np{ns.np}", {"command": " ".join(sys.argv), "np": ns.np, "spec": spec,
                                             "results": results, "ours_metrics_rank0": metrics,
-                                            "load_before": load_before, "table": text})
+                                            "load_before": load_before, "load_after": load(),
+                                            "table": text})
     print(f"# JSON: {os.path.relpath(path)}")
     return 0
 
