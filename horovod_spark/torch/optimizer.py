@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
+import weakref
 
 import torch
 
@@ -55,7 +56,12 @@ class _DistributedOptimizer:
             self._delay[p] = self.backward_passes_per_step
 
     def _make_hook(self, p):
+        ref = weakref.ref(self)  # a dropped optimizer must not keep reducing its gradients
+
         def hook(_param):
+            self = ref()
+            if self is None:
+                return
             if self._handles.get(p) is not None and self._delay[p] <= 0:
                 raise AssertionError(
                     "Gradients were computed more than backward_passes_per_step times before "

@@ -147,6 +147,17 @@ def zero_grad_between_backward_and_step_is_refused(hvd):
     opt.step()
 
 
+def a_dropped_optimizer_stops_reducing_its_gradients(hvd):
+    import gc
+    model = make_model()
+    first = hvd.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters())
+    del first
+    gc.collect()
+    second = hvd.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters())
+    train(hvd, model, second)  # the first one's hooks would submit every name twice
+    assert_close(model, reference())
+
+
 class TwoHeads(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -203,6 +214,7 @@ CHECKS = [training_matches_single_process_on_the_global_batch,
           gradient_predivide_factor_keeps_the_average,
           synchronize_then_skip_synchronize_steps_once,
           zero_grad_between_backward_and_step_is_refused,
+          a_dropped_optimizer_stops_reducing_its_gradients,
           a_parameter_unused_on_some_ranks_is_reduced_as_zeros,
           join_ends_uneven_batches_like_horovod]
 
