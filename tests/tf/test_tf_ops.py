@@ -1,7 +1,7 @@
-"""horovod_spark.tensorflow on two real local ranks: every op against numpy.
+"""horovod_spark.tensorflow on real local ranks (2 and 3): every op against numpy.
 
-One launch runs every check (TensorFlow takes seconds to import); each test
-below reads its check's result on every rank.
+One launch per world size runs every check (TensorFlow takes seconds to
+import); each test below reads its check's result on every rank.
 """
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from _tf_support import assert_ok, requires_tf, run_checks
 pytestmark = [pytest.mark.tf, requires_tf]
 
 
-@pytest.fixture(scope="module")
-def results():
-    return run_checks(checks.run_all, 2)
+@pytest.fixture(scope="module", params=[2, 3], ids=["np2", "np3"])
+def results(request):
+    return run_checks(checks.run_all, request.param)
 
 
 def _ok(results, name):
