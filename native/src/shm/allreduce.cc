@@ -10,9 +10,8 @@
 // chunk, one step of two phases:
 //   stage    a rank copies every slice but its own into its buffer; post A
 //   reduce   rank i reduces slice i of every rank (its own from its input,
-//            the others' from their buffers) into slice i of its buffer;
-//            post B
-//            and, tile by tile while it is in L1, into its output
+//            the others' from their buffers) into slice i of its buffer and,
+//            tile by tile while it is in L1, into its output; post B
 //   copy out every rank copies slice j from rank j's buffer, for every other
 //            j, once all have posted B.  It is deferred until the next chunk is
 //            staged, so a rank stages chunk k + 1 while its peers still
