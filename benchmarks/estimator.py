@@ -21,9 +21,11 @@ spill to local Arrow, the census); *start* = rank processes starting
 (interpreter, torch, hvd.init) and the result coming back; *train* = the
 ranks' epochs.  Target: prep <= 20% of fit.
 
-Horovod's TorchEstimator runs side by side when ``horovod.spark.torch`` imports;
-horovod 0.28.1 (the last release) does not build against torch 2.x's C++17
-headers, so on this machine it is reported as not installed.
+Horovod's TorchEstimator would run side by side when ``horovod.spark.torch``
+imports.  It does not install here: horovod 0.28.1 (the last release, 2023)
+compiles its torch extension as C++14 and torch >= 2.1 requires C++17
+(horovod/horovod#3996, #4014; the fix, #3998, was merged after the release), so
+the row reports the ImportError.
 """
 from __future__ import annotations
 
