@@ -4,13 +4,13 @@ Eager: the kernel runs at once on the tensors' values.  Inside a tf.function:
 the kernel runs as a stateful `tf.numpy_function`, so TensorFlow keeps our ops
 in program order (every rank issues its collectives in one order) and never
 prunes them, and the outputs get their static shapes back with `set_shape`.
-numpy has no bfloat16 the communicator knows, so bfloat16 travels as float32
-(reduced in float32, rounded once on the way back).
+The kernels take numpy arrays, and numpy has no bfloat16, so bfloat16 travels
+as float32 (reduced in float32, rounded once on the way back).
 
-A *name* labels an op in errors and, with the fusion engine, matches it across
-ranks.  Without one, a traced op is named after its input tensor (the same on
-every rank that runs the same program, as in Horovod) and an eager op after
-its kind and a per-kind call count.
+A *name* labels an op in errors and the timeline, and the fusion engine
+matches ops across ranks by it.  Without one, a traced op is named after its
+input tensor (the same on every rank that runs the same program, as in
+Horovod) and an eager op after its kind and a per-kind call count.
 """
 from __future__ import annotations
 
@@ -41,8 +41,9 @@ def site_suffix(prefix: str) -> str:
     """'' for the first use of `prefix` in the graph being traced, then '.1', '.2', ...
 
     Tracing is deterministic, so every rank numbers the call sites of one
-    function alike; two sites then never share a name while both are pending.
-    Eager calls finish before they return, so they reuse their names.
+    function alike: two sites (two tapes in one step, say) get names of their
+    own in errors, the timeline and the engine's cache.  Eager calls finish
+    before they return, so they reuse their names.
     """
     if tf.executing_eagerly():
         return ""

@@ -126,7 +126,9 @@ def grouped_allreduce(tensors, average=None, device_dense: str = "", device_spar
             out[i] = allreduce_sparse(t, f"{base}.{i}", op, prescale_factor, postscale_factor)
             continue
         w, c = compression.compress(tf.convert_to_tensor(t))
-        dense.append(i), wires.append(w), ctxs.append(c)
+        dense.append(i)
+        wires.append(w)
+        ctxs.append(c)
     reduced = allreduce_dense(wires, [f"{base}.{i}" for i in dense], op, prescale_factor,
                               postscale_factor)
     for i, r, c in zip(dense, reduced, ctxs):
