@@ -41,7 +41,7 @@ def main(store: str) -> None:
     model = TorchEstimator(num_proc=2, model=net, optimizer=torch.optim.Adam(net.parameters(), lr=0.01),
                            loss=torch.nn.CrossEntropyLoss(), metrics=[accuracy],
                            feature_cols=["features"], label_cols=["label"], batch_size=32,
-                           epochs=6, store=store, verbose=0).fit(train)
+                           epochs=4, store=store, verbose=0).fit(train)
     out = model.transform(test).select("label", "label__output").collect()
     hosts = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size()
     acc = float(np.mean([np.argmax(r.label__output.toArray()) == r.label for r in out]))
