@@ -1,9 +1,38 @@
 """Spark ML estimators: TorchEstimator, KerasEstimator, their Models, and the Store.
 
-The estimators train on the DataFrame's own partitions, one rank per partition,
-in one barrier stage; see ``data.py`` for the data path and ``_launch.py`` for
-how the stage composes with the Spark runner.  Frameworks are imported lazily:
-``import horovod_spark.estimator`` needs neither torch nor tensorflow.
+    from horovod_spark.estimator import TorchEstimator
+    est = TorchEstimator(num_proc=2, model=net, optimizer=torch.optim.Adam(net.parameters()),
+                         loss=torch.nn.CrossEntropyLoss(), feature_cols=["features"],
+                         label_cols=["label"], batch_size=64, epochs=5, validation=0.1,
+                         store="hdfs://nn/user/me/runs", run_id="digits")
+    model = est.fit(df)                       # or Pipeline([..., est]).fit(df)
+    model.getHistory()                        # {"loss": [...], "val_loss": [...], ...}
+    model.transform(test_df)                  # adds "label__output"
+    model.write().overwrite().save(path)      # TorchModel.load(path)
+
+How a fit runs: the driver checks the columns and dry-runs the model on a few
+rows (clear errors before anything starts); the DataFrame is repartitioned to
+``num_proc`` partitions if it has another number; one barrier ``mapInArrow``
+stage hands each partition to one rank: the task spills it to a local Arrow
+file, the tasks agree on row counts (and on any bad row), and each task runs its
+rank through the Spark runner's task machinery; the rank memory-maps its file,
+so data larger than memory trains.  Every rank runs the same number of steps
+per epoch however uneven the partitions; rank 0 checkpoints every epoch to the
+Store, and a fit with the same ``run_id`` resumes.  Nothing of the data set goes
+through the Store.
+
+Notes:
+- the model, optimizer, loss, metrics and ``transformation_fn`` are cloudpickled
+  to the ranks: what they reference must be importable there, or defined in
+  ``__main__``, or registered with ``cloudpickle.register_pickle_by_value``;
+- ``transformation_fn`` applies to training and validation batches only, not to
+  ``Model.transform``;
+- model files (``model.bin``) hold pickles: load only models you trust, as with
+  ``torch.load``; checkpoints hold none (torch state dicts read with
+  ``weights_only=True``, Keras weights in ``.npz``).
+
+Frameworks are imported lazily: ``import horovod_spark.estimator`` needs neither
+torch nor tensorflow.
 """
 from __future__ import annotations
 

@@ -89,8 +89,9 @@ _TRAINING: Dict[str, Tuple[str, Callable[[Any], Any], Any]] = {
                    "a column that is true (non-zero) on validation rows", _to_validation, None),
     "batch_size": ("rows per batch on each rank", _to_positive_int("batch_size"), 32),
     "epochs": ("number of passes over the data set", _to_positive_int("epochs"), 1),
-    "callbacks": ("Keras callbacks (KerasEstimator); called on rank 0 only unless they "
-                  "are horovod_spark.keras callbacks", _to_list, None),
+    "callbacks": ("KerasEstimator: Keras callbacks, run on every rank after the metrics are "
+                  "averaged over ranks; TorchEstimator: callables(epoch, metrics) or objects "
+                  "with on_epoch_end(epoch, metrics), run on rank 0", _to_list, None),
     "store": ("where checkpoints and the run's files go: a Store or a path "
               "(local, hdfs://, s3://, dbfs:/); default: a local temporary directory",
               _to_store, None),
