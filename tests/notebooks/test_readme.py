@@ -95,9 +95,11 @@ def test_the_two_commands_work_in_a_fresh_clone_and_virtual_environment(tmp_path
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     env = _fresh_env(venv)
     outputs = []
-    for command, limit in zip(_commands(), (2400, 4800)):
+    for i, (command, limit) in enumerate(zip(_commands(), (2400, 4800))):
         done = subprocess.run(["bash", "-c", command], cwd=clone, env=env, capture_output=True,
                               text=True, timeout=limit)
+        (tmp_path / f"command-{i + 1}.log").write_text(  # kept for a reader, pass or fail
+            f"$ {command}\n{done.stdout}\n--- stderr ---\n{done.stderr}\nexit {done.returncode}\n")
         assert done.returncode == 0, (f"{command}\nexited {done.returncode}\n"
                                       f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}")
         outputs.append(done.stdout)
