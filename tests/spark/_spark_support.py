@@ -48,6 +48,11 @@ def start_session(master: str, conf: dict | None = None):
                .config("spark.executorEnv.PYTHONPATH", REPO))
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
+    from pyspark import SparkContext
+
+    active = SparkContext._active_spark_context  # left by an earlier module (or the embedded default)
+    if active is not None and active.master != master:
+        active.stop()
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
