@@ -28,6 +28,7 @@ __all__ = ["KINDS", "Signature", "Request", "make_request"]
 KINDS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier")
 _REDUCING = ("allreduce", "reducescatter")
 _RAGGED = ("allgather", "alltoall")  # first dimension may differ per rank
+_FLOATING = frozenset(d for d in DType if d.is_floating)
 
 
 class Signature(NamedTuple):
@@ -110,7 +111,7 @@ def _as_buf(buffer, dtype: Optional[DType], writable: bool, what: str) -> B.Buf:
 
 def _check_op(kind: str, op, dtype: DType, prescale: float, postscale: float, what: str) -> ReduceOp:
     try:
-        op = ReduceOp(op)
+        op = op if type(op) is ReduceOp else ReduceOp(op)
     except ValueError:
         raise ValueError(f"{what}: unknown reduce op {op!r}; use one of "
                          f"{', '.join(o.name for o in ReduceOp)}") from None
@@ -118,7 +119,7 @@ def _check_op(kind: str, op, dtype: DType, prescale: float, postscale: float, wh
         if prescale != 1.0 or postscale != 1.0:
             raise ValueError(f"{what}: prescale/postscale apply to allreduce and reducescatter only")
         return ReduceOp.SUM
-    if not dtype.is_floating and (op == ReduceOp.AVERAGE or prescale != 1.0 or postscale != 1.0):
+    if dtype not in _FLOATING and (op == ReduceOp.AVERAGE or prescale != 1.0 or postscale != 1.0):
         raise TypeError(f"{what}: AVERAGE and scale factors need a floating dtype, got "
                         f"{dtype.name.lower()}; use SUM and divide yourself")
     if dtype == DType.BOOL and op in (ReduceOp.SUM, ReduceOp.PRODUCT):
@@ -170,7 +171,7 @@ def make_request(name: str, kind: str, buffer, out, op, prescale: float, postsca
     rop = _check_op(kind, op, buf.dtype, float(prescale), float(postscale), what)
     if kind == "broadcast" and (not isinstance(root, (int, np.integer)) or not 0 <= root < size):
         raise ValueError(f"{what}: root must be a rank in [0, {size}), got {root!r}")
-    shape = tuple(int(d) for d in buf.shape)
+    shape = tuple(buf.shape)  # ints already (numpy shape, torch.Size)
     if kind in _RAGGED or kind == "reducescatter":
         shape = shape or (1,)
     if kind == "alltoall":

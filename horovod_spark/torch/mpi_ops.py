@@ -77,6 +77,8 @@ def handle_average_backwards_compatibility(op, average):
         raise ValueError("The op parameter supersedes average; please provide only one of them")
     if op is None:
         op = Average if average is None or average else Sum
+    if type(op) is ReduceOp:
+        return op
     if op == Adasum:
         raise NotSupported("Adasum is not supported by horovod_spark; use op=hvd.Average")
     return ReduceOp(op)
