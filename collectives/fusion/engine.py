@@ -67,7 +67,6 @@ class FusionEngine:
         self._queue: list = []
         self._names: set = set()
         self._pending: Dict[str, Request] = {}
-        self._announced: List[Signature] = []
         self._layout = C.Layout(self.size)
         self._cache = ResponseCache()
         self._table = MessageTable(self.size)
@@ -226,9 +225,10 @@ class FusionEngine:
         if self._mark_cycles and self._executor.timeline is not None:
             self._executor.timeline.mark("CYCLE_START", t0)
         self._drain()
+        if self.size == 1:
+            return self._cycle_alone(t0)
         vec, payload = self._vector()
-        if self.size > 1:  # the sum over one rank is its own vector
-            self._comm.allreduce(vec, out=vec, name="fusion.coordinate")
+        self._comm.allreduce(vec, out=vec, name="fusion.coordinate")
         self._synced = time.perf_counter()
         res = self._layout.parse(vec)
         ready = [self._cache.at(bit) for bit in res.ready_bits]
@@ -248,6 +248,21 @@ class FusionEngine:
         if res.shutdown:
             self._stop(CollectiveError, f"the fusion engine was shut down by rank(s) "
                        f"{list(res.shutdown)}", None)
+
+    def _cycle_alone(self, t0: float) -> None:
+        """A world of one agrees with itself: everything pending is ready now."""
+        ready = list(self._pending.values())
+        self._pending = {}
+        t1 = self._synced = time.perf_counter()
+        self._metrics["cycles"] += 1
+        self._metrics["coordination_s"] += t1 - t0
+        for req in ready:
+            req.t_ready = t1
+        self._executor.run([(req.sig, req) for req in ready], (False,))  # all of them are ours
+        if self._joined:
+            self._after_join(C.CycleResult(False, (True,), (), (0,), [], False))
+        if self._shutdown_requested:
+            self._stop(CollectiveError, "the fusion engine was shut down by rank(s) [0]", None)
 
     def _drain(self) -> None:
         with self._lock:
@@ -276,7 +291,6 @@ class FusionEngine:
                 new.append(req.sig)
         payload = C.encode(new)
         vec[1 + 2 * self.size + self.rank] = len(payload)
-        self._announced = new
         return vec, payload
 
     def _negotiate(self, payload: bytes, res: C.CycleResult, ready: List[Signature]) -> list:
@@ -284,9 +298,7 @@ class FusionEngine:
         errors = []
         if res.negotiate:
             self._metrics["negotiations"] += 1
-            per_rank = C.gather_announcements(self._comm, payload, res.announce) \
-                if self.size > 1 else [self._announced]
-            for r, sigs in enumerate(per_rank):
+            for r, sigs in enumerate(C.gather_announcements(self._comm, payload, res.announce)):
                 for sig in sigs:
                     self._cache.evict(sig.name)  # a new signature for a cached name replaces it
                     text = self._table.add(r, sig)
