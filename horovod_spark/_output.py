@@ -66,9 +66,14 @@ def parse_failure_markers(text: str) -> list:
     out = []
     for m in _MARKER_RE.finditer(text or ""):
         try:
-            out.append(json.loads(base64.b64decode(m.group(1))))
+            rec = json.loads(base64.b64decode(m.group(1)))
         except ValueError:
             continue
+        if isinstance(rec, dict):
+            # The text carries the rank's own traceback, which anyone's message can forge:
+            # a pickled exception is only ever taken from the authenticated log channel.
+            rec.pop("exc_blob", None)
+            out.append(rec)
     return out
 
 

@@ -156,7 +156,6 @@ MARKER_PICKLE = ("JobFailedError.original() unpickles the exc_blob of any failur
                  "never puts it there)")
 
 
-@pytest.mark.xfail(strict=True, reason=MARKER_PICKLE)
 def test_a_failure_record_forged_in_spark_exception_text_is_never_unpickled(tmp_path):
     from horovod_spark._driver import JobFailedError, failure_of
     from horovod_spark._output import failure_marker
