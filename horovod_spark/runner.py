@@ -112,4 +112,7 @@ def run(fn: Callable[..., Any], args: Sequence = (), kwargs: Optional[Mapping[st
                       stderr=stderr, show_output=True, start_timeout=_start_timeout(start_timeout),
                       verbose=int(verbose), max_restarts=max_restarts,
                       timestamps=bool(prefix_output_with_timestamp), executable=executable)
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise TypeError(f"run: kwargs must be a mapping of keyword arguments for fn, got "
+                        f"{type(kwargs).__name__}; pass args=(...) for positional arguments")
     return _launch(fn, tuple(args), dict(kwargs or {}), opts)

@@ -79,7 +79,6 @@ KWARGS_LIST = ("run(kwargs=[1]) fails inside dict() with \"cannot convert dictio
                "mapping (horovod_spark/runner.py run: check isinstance(kwargs, Mapping) like env)")
 
 
-@pytest.mark.xfail(strict=True, reason=KWARGS_LIST)
 def test_kwargs_that_are_not_a_mapping_are_named_in_the_error():
     with pytest.raises(TypeError, match="kwargs"):
         horovod_spark.run(train, kwargs=[1], num_proc=-2)
