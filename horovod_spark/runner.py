@@ -101,6 +101,9 @@ def run(fn: Callable[..., Any], args: Sequence = (), kwargs: Optional[Mapping[st
         JobFailedError: naming the first failing rank, its error and traceback.
         ValueError: for a cluster that cannot run the job (what to change is in the text).
     """
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise TypeError(f"run: kwargs must be a mapping of keyword arguments for fn, got "
+                        f"{type(kwargs).__name__}; pass args=(...) for positional arguments")
     if use_mpi or extra_mpi_args:
         raise ValueError("use_mpi / extra_mpi_args: Spark ranks use the native backend (shared "
                          "memory + TCP) or NCCL, not MPI; for MPI run `horovod-spark run --mpi`")
@@ -112,7 +115,4 @@ def run(fn: Callable[..., Any], args: Sequence = (), kwargs: Optional[Mapping[st
                       stderr=stderr, show_output=True, start_timeout=_start_timeout(start_timeout),
                       verbose=int(verbose), max_restarts=max_restarts,
                       timestamps=bool(prefix_output_with_timestamp), executable=executable)
-    if kwargs is not None and not isinstance(kwargs, Mapping):
-        raise TypeError(f"run: kwargs must be a mapping of keyword arguments for fn, got "
-                        f"{type(kwargs).__name__}; pass args=(...) for positional arguments")
     return _launch(fn, tuple(args), dict(kwargs or {}), opts)
