@@ -239,7 +239,7 @@ class FusionEngine:
         t1 = time.perf_counter()
         self._metrics["cycles"] += 1
         self._metrics["coordination_s"] += t1 - t0
-        self._executor.run([(sig, self._take(sig, t1)) for sig in ready], res.joined)
+        self._execute([(sig, self._take(sig, t1)) for sig in ready], res.joined)
         for req, err in errors:
             self._done(req, None, err)
         self._after_join(res)
@@ -248,6 +248,18 @@ class FusionEngine:
         if res.shutdown:
             self._stop(CollectiveError, f"the fusion engine was shut down by rank(s) "
                        f"{list(res.shutdown)}", None)
+
+    def _execute(self, taken: list, joined: tuple) -> None:
+        """Run the agreed ops; on a failure, what was taken but not finished goes back to
+        the pending set, so the stop that follows fails its handles instead of leaving
+        their callers waiting forever."""
+        try:
+            self._executor.run(taken, joined)
+        except BaseException:
+            for _, req in taken:
+                if req is not None and not req.handle._done:
+                    self._pending[req.name] = req
+            raise
 
     def _cycle_alone(self, t0: float) -> None:
         """A world of one agrees with itself: everything pending is ready now."""
@@ -258,7 +270,7 @@ class FusionEngine:
         self._metrics["coordination_s"] += t1 - t0
         for req in ready:
             req.t_ready = t1
-        self._executor.run([(req.sig, req) for req in ready], (False,))  # all of them are ours
+        self._execute([(req.sig, req) for req in ready], (False,))  # all of them are ours
         if self._joined:
             self._after_join(C.CycleResult(False, (True,), (), (0,), [], False))
         if self._shutdown_requested:

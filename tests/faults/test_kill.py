@@ -78,7 +78,6 @@ FUSION_IN_FLIGHT = (
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=FUSION_IN_FLIGHT)
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_survivors_of_a_rank_killed_inside_a_fused_allreduce_fail_with_a_named_error(fault,
                                                                                    transport):
