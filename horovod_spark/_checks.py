@@ -95,6 +95,13 @@ def check_gpus(conf, np_: int, warn=None) -> None:
             f"spark.task.resource.gpu.amount={task_gpu:g} is more than the "
             f"spark.executor.resource.gpu.amount={executor_gpu:g} GPUs of an executor, so no "
             f"task of the {np_} ranks can ever start; lower the task amount")
+    driver_gpu = _float(conf, "spark.driver.resource.gpu.amount")
+    if task_gpu and _is_local(str(conf.get("spark.master", ""))) and driver_gpu < task_gpu:
+        raise ValueError(
+            f"spark.task.resource.gpu.amount={task_gpu:g} on a local master: local tasks take "
+            f"GPUs from the driver, which has spark.driver.resource.gpu.amount={driver_gpu:g}, so "
+            f"no task would ever be scheduled; set spark.driver.resource.gpu.amount and "
+            f"spark.driver.resource.gpu.discoveryScript, or unset spark.task.resource.gpu.amount")
     if executor_gpu and not task_gpu:
         (warn or _warn)(
             f"executors have spark.executor.resource.gpu.amount={executor_gpu:g} GPUs, but tasks "

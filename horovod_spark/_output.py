@@ -177,6 +177,7 @@ class LogServer:
         if not hello or hello.get("t") != "hello" or hello.get("job") != self.job:
             with self._cond:
                 self.rejected += 1
+                self._cond.notify_all()
             return None
         return int(hello.get("rank", -1))
 

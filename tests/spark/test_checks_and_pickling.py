@@ -68,6 +68,14 @@ def test_a_task_asking_for_more_gpus_than_an_executor_has_is_refused():
         _checks.check_gpus(conf, 4)
 
 
+def test_local_tasks_asking_for_gpus_the_driver_lacks_are_refused_instead_of_hanging():
+    conf = {"spark.master": "local[2]", "spark.task.resource.gpu.amount": "1"}
+    with pytest.raises(ValueError, match="no task would ever be scheduled; set "
+                                         "spark.driver.resource.gpu.amount"):
+        _checks.check_gpus(conf, 2)
+    _checks.check_gpus(dict(conf, **{"spark.driver.resource.gpu.amount": "2"}), 2)
+
+
 def test_executors_with_gpus_but_tasks_without_are_warned_about():
     warnings = []
     _checks.check_gpus({"spark.executor.resource.gpu.amount": "4"}, 8, warn=warnings.append)

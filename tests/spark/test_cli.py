@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from _spark_support import REPO
+from _spark_support import REPO, fast_jvm_env
 
 SCRIPT = textwrap.dedent("""
     import os
@@ -33,7 +33,7 @@ def bare_env() -> dict:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PYSPARK_", "HVS_", "HOROVOD_", "SPARK_"))}
     env["PYTHONPATH"] = REPO
-    return env
+    return fast_jvm_env(env)
 
 
 def horovod_spark_run(*args, cwd, timeout=240):

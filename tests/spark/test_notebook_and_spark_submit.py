@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from _spark_support import REPO
+from _spark_support import REPO, fast_jvm_env
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -32,7 +32,8 @@ def test_rank_output_appears_in_the_notebook_cell_that_runs_the_job(tmp_path):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(CELL)])
-    env_python = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "SPARK_"))}
+    env_python = fast_jvm_env({k: v for k, v in os.environ.items()
+                               if not k.startswith(("PYSPARK_", "SPARK_"))})
     client = nbclient.NotebookClient(nb, timeout=240, kernel_name="python3",
                                      resources={"metadata": {"path": str(tmp_path)}})
     old = dict(os.environ)
@@ -65,8 +66,8 @@ def test_a_script_under_spark_submit_runs_on_spark_submits_master(tmp_path):
     console_script.write_text("import sys\nfrom horovod_spark.cli import main\nsys.exit(main())\n")
     import pyspark
     submit = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-submit")
-    env = dict(os.environ, PYTHONPATH=REPO, PYSPARK_PYTHON=sys.executable,
-               PYSPARK_DRIVER_PYTHON=sys.executable)
+    env = fast_jvm_env(dict(os.environ, PYTHONPATH=REPO, PYSPARK_PYTHON=sys.executable,
+                            PYSPARK_DRIVER_PYTHON=sys.executable))
     done = subprocess.run([submit, "--master", "local[2]", "--conf", "spark.ui.enabled=false",
                            str(console_script), "run", "--np", "2", str(train), "x"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from _spark_support import (by_value, new_tag, start_session, wait_until_no_rank_processes,
-                            write_gpu_script)
+from _spark_support import (by_value, new_tag, start_session, stop_session,
+                            wait_until_no_rank_processes, write_gpu_script)
 
 import horovod_spark
 from horovod_spark import JobFailedError
@@ -17,15 +17,16 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(240)]
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory):
     script = write_gpu_script(str(tmp_path_factory.mktemp("gpus")))
-    session = start_session("local-cluster[2,1,1024]", {
+    conf = {
         "spark.worker.resource.gpu.amount": "1",
         "spark.worker.resource.gpu.discoveryScript": script,
         "spark.executor.resource.gpu.amount": "1",
         "spark.task.resource.gpu.amount": "1",
         "spark.executor.memory": "512m",
-    })
+    }
+    session = start_session("local-cluster[2,1,1024]", conf)
     yield session
-    session.stop()
+    stop_session(session, conf)
 
 
 def test_each_rank_sees_its_own_gpu_in_cuda_visible_devices(spark):

@@ -6,7 +6,8 @@ import io
 import numpy as np
 import pytest
 
-from _spark_support import by_value, new_tag, start_session, wait_until_no_rank_processes
+from _spark_support import (by_value, new_tag, start_session, stop_session,
+                            wait_until_no_rank_processes)
 
 import horovod_spark
 from horovod_spark import HorovodRunner, JobFailedError
@@ -17,9 +18,10 @@ pytestmark = [pytest.mark.spark, pytest.mark.timeout(180)]
 
 @pytest.fixture(scope="module")
 def spark():
-    session = start_session("local[2]", {"spark.driver.maxResultSize": "1m"})
+    conf = {"spark.driver.maxResultSize": "1m"}
+    session = start_session("local[2]", conf)
     yield session
-    session.stop()
+    stop_session(session, conf)
 
 
 def rank_and_value(x):
