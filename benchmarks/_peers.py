@@ -13,13 +13,23 @@ import statistics
 import time
 from typing import Callable, Dict, List, Optional
 
-__all__ = ["free_port", "gloo_init", "timed", "cpu_seconds", "summarize", "slowest", "load"]
+__all__ = ["free_port", "with_free_port", "gloo_init", "timed", "cpu_seconds", "summarize", "slowest", "load"]
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def with_free_port(run: Callable[[int], object], tries: int = 4):
+    """run(port) with a fresh free port, again when another process took the port first."""
+    for attempt in range(tries):
+        try:
+            return run(free_port())
+        except Exception as exc:  # RankFailed carrying the rank's EADDRINUSE
+            if "EADDRINUSE" not in str(exc) or attempt == tries - 1:
+                raise
 
 
 def gloo_init(port: int) -> None:

@@ -36,7 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-from _peers import free_port, gloo_init, load, slowest, summarize, timed  # noqa: E402
+from _peers import gloo_init, load, slowest, summarize, timed, with_free_port  # noqa: E402
 
 IMPLS = ("ours", "ours-hooks", "ours-mpi", "gloo", "gloo-async", "ddp")
 
@@ -157,8 +157,8 @@ def run_impl(name: str, n: int, spec: dict) -> list:
     if name.startswith("ours"):
         return run_local(_ours_rank, n, args=(spec, name == "ours-hooks"), env=env,
                          timeout=1200, prefix_output=False)
-    return run_local(_gloo_rank, n, args=(spec, free_port(), name), env=env, timeout=1200,
-                     prefix_output=False)
+    return with_free_port(lambda port: run_local(_gloo_rank, n, args=(spec, port, name), env=env,
+                                                 timeout=1200, prefix_output=False))
 
 
 def table(results: dict, spec: dict, n: int) -> str:

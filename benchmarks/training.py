@@ -30,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-from _peers import free_port, gloo_init, load  # noqa: E402
+from _peers import gloo_init, load, with_free_port  # noqa: E402
 
 
 def _model():
@@ -124,8 +124,8 @@ def run(impl: str, n: int, spec: dict) -> tuple:
     from collectives.launch import run_local
 
     env = {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    per_rank = run_local(_rank, n, args=(spec, impl, free_port()), env=env, timeout=1800,
-                         prefix_output=False)
+    per_rank = with_free_port(lambda port: run_local(_rank, n, args=(spec, impl, port), env=env,
+                                                     timeout=1800, prefix_output=False))
     seconds = max(r["seconds"] for r in per_rank)
     cpu_ms = per_rank[0]["cpu_s"] / spec["steps"] * 1e3
     return spec["batch"] * n * spec["steps"] / seconds, cpu_ms, per_rank[0].get("metrics")
