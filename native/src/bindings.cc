@@ -26,6 +26,9 @@ struct Where {  // what an error message needs to know about this rank
   int rank = -1, size = -1;
   const std::vector<std::string>* addresses = nullptr;
   double timeout = 0;
+  // Name op and rank in the message.  Collectives leave that to the
+  // Communicator, which puts op, sequence number, tensor and rank in front.
+  bool prefix = false;
 };
 
 const char* exception_name(Code code) {
@@ -45,9 +48,7 @@ const char* exception_name(Code code) {
   py::object address = none;
   if (peer >= 0 && w.addresses && peer < static_cast<int>(w.addresses->size()))
     address = py::str((*w.addresses)[peer]);
-  // Without a sequence number the caller (the Communicator) puts op, seq,
-  // tensor and rank in front of the message; with one, the message has them.
-  bool full = seq >= 0 || std::string(op) == "shared memory setup";
+  bool full = w.prefix || seq >= 0;
   std::string msg = py::str(errors.attr("describe")(
       st.what(), "rank"_a = full && w.rank >= 0 ? py::object(py::int_(w.rank)) : none,
       "size"_a = full && w.size >= 0 ? py::object(py::int_(w.size)) : none,
@@ -216,7 +217,7 @@ void bind_segment(py::module_& m) {
     Status st = create ? Segment::create(name, nranks, slot_bytes, &out->seg)
                        : Segment::attach(name, nranks, slot_bytes, &out->seg);
     if (st.code() == Code::kNotReady) return py::none();
-    if (!st.ok()) raise_status(st, Where{rank, -1, nullptr, 0}, "shared memory setup", -1);
+    if (!st.ok()) raise_status(st, Where{rank, -1, nullptr, 0, true}, "shared memory setup", -1);
     return py::cast(std::move(out));
   };
   py::class_<PySegment>(m, "ShmSegment")
