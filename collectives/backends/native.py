@@ -75,8 +75,12 @@ class NativeBackend(Backend):
         for peer, sock in mesh.socks.items():
             sock.setblocking(False)
             fds[peer] = sock.fileno()
-        segment = self._shared_memory(store, prefix)
-        self._ctx = _native.Context(opts, fds, segment, list(mesh.addresses))
+        try:
+            segment = self._shared_memory(store, prefix)
+            self._ctx = _native.Context(opts, fds, segment, list(mesh.addresses))
+        except BaseException:
+            self.close()  # the mesh is ours now: no socket outlives a failed bootstrap
+            raise
 
     def _shared_memory(self, store, prefix: str):
         topo, config = self.topology, self._config
