@@ -5,7 +5,9 @@ soon as autograd has accumulated that parameter's gradient and submits its
 allreduce to the fusion engine, so communication of the last layers overlaps
 the backward pass of the first.  With `backward_passes_per_step` = k, a
 parameter's gradient accumulates locally for k backward passes (its *delay*
-counts down) and is submitted on the k-th.  `step()` first calls
+counts down) and is submitted on the k-th.  With `num_groups` / `groups`, a
+parameter that is ready waits for the rest of its group, which is then
+submitted at once (one fused buffer, like a DDP bucket).  `step()` first calls
 `synchronize()`: it submits what never got a hook call (a parameter unused
 this step is reduced as zeros, so every rank submits the same names), waits
 for every handle and writes the averaged gradients back.
@@ -34,7 +36,7 @@ __all__ = ["DistributedOptimizer"]
 
 class _DistributedOptimizer:
     def _hvd_setup(self, named_parameters, compression, backward_passes_per_step, op,
-                   gradient_predivide_factor) -> None:
+                   gradient_predivide_factor, groups) -> None:
         self._compression = compression
         self._op = op
         self._predivide = float(gradient_predivide_factor)
@@ -43,6 +45,8 @@ class _DistributedOptimizer:
         self._parameter_names = _parameter_names(named_parameters, params)
         self._requires_update = [p for p in params if p.requires_grad]
         self._delay = {p: self.backward_passes_per_step for p in params}
+        self._group_of = _group_of(groups, self._requires_update)
+        self._ready: set = set()  # delay reached 0 this step
         self._handles: dict = {}
         self._synchronized = False
         self._should_synchronize = True
@@ -62,14 +66,26 @@ class _DistributedOptimizer:
             self = ref()
             if self is None:
                 return
-            if self._handles.get(p) is not None and self._delay[p] <= 0:
+            if p in self._ready:
                 raise AssertionError(
                     "Gradients were computed more than backward_passes_per_step times before "
                     "call to step(). Increase backward_passes_per_step to accumulate gradients "
                     "locally.")
             self._delay[p] -= 1
-            self._handles[p] = self._allreduce_grad_async(p) if self._delay[p] == 0 else None
+            self._handles.setdefault(p, None)
+            if self._delay[p] == 0:
+                self._ready.add(p)
+                self._submit_ready(p)
         return hook
+
+    def _submit_ready(self, p) -> None:
+        """Submit p, or p's whole group once every member of it is ready."""
+        group = self._group_of.get(p)
+        if group is None:
+            self._handles[p] = self._allreduce_grad_async(p)
+        elif all(q in self._ready for q in group):
+            for q in group:
+                self._handles[q] = self._allreduce_grad_async(q)
 
     def _allreduce_grad_async(self, p):
         if p.grad is None:  # unused this step on this rank; another rank may have used it
@@ -95,6 +111,7 @@ class _DistributedOptimizer:
             if out.data_ptr() != p.grad.data_ptr():
                 p.grad.copy_(out)
         self._handles.clear()
+        self._ready.clear()
         self._synchronized = True
         self._last_wait = time.perf_counter() - t0
 
@@ -131,6 +148,28 @@ class _DistributedOptimizer:
         return super().zero_grad(set_to_none)
 
 
+def _group_of(groups, params) -> dict:
+    """{parameter: its group (a tuple)}: an int splits `params` into that many runs."""
+    if not groups:
+        return {}
+    if isinstance(groups, int):
+        n = max(1, min(groups, len(params)))
+        size, extra = divmod(len(params), n)
+        runs, start = [], 0
+        for i in range(n):
+            end = start + size + (1 if i < extra else 0)
+            runs.append(params[start:end])
+            start = end
+    else:
+        runs = [list(g) for g in groups]
+    out = {}
+    for run in runs:
+        members = tuple(run)
+        for p in members:
+            out[p] = members
+    return out
+
+
 def _parameter_names(named_parameters, params) -> dict:
     if named_parameters is None:
         return {p: f"noname.{i}" for i, p in enumerate(params)}
@@ -165,6 +204,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         op: Average (default), Sum, Min, Max or Product.
         gradient_predivide_factor: with Average, divide by this before the sum and by
             size/factor after it.
+        num_groups / groups: submit gradients in groups (num_groups runs of the parameters
+            in order, or explicit lists of parameters), each once all its members are
+            ready, so a group travels in one fused buffer (DDP-style buckets); by
+            default each gradient goes as soon as it is ready.
     """
     M._check_process_set(process_set)
     op = M.handle_average_backwards_compatibility(op, None)
@@ -172,8 +215,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
-    if groups is not None or num_groups:
-        warnings.warn("horovod_spark fuses gradients by itself; num_groups/groups are ignored")
+    if groups is not None and num_groups:
+        raise ValueError("pass either num_groups or groups, not both")
     if sparse_as_dense:
         raise NotSupported("sparse gradients are not supported; use dense embeddings")
     _state.engine()  # fail early, with the init() hint, when not initialized
@@ -181,5 +224,5 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
     wrapped._hvd_setup(named_parameters, compression, backward_passes_per_step, op,
-                       gradient_predivide_factor)
+                       gradient_predivide_factor, groups if groups is not None else num_groups)
     return wrapped

@@ -101,6 +101,23 @@ def backward_passes_per_step_accumulates_locally(hvd):
     opt.synchronize()
 
 
+def gradient_groups_train_like_the_reference(hvd):
+    model, opt = distributed(hvd, num_groups=1)
+    hvd.metrics(reset=True)
+    train(hvd, model, opt)
+    assert_close(model, reference())
+    assert hvd.metrics()["engine_fused_buffers"] >= 1
+    model = make_model()
+    params = list(model.parameters())
+    opt = hvd.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters(),
+                                   groups=[params[:2], params[2:]])
+    train(hvd, model, opt)
+    assert_close(model, reference())
+    model, opt = distributed(hvd, num_groups=2, backward_passes_per_step=2)
+    train(hvd, model, opt, passes=2)
+    assert_close(model, reference())
+
+
 def fp16_compression_trains_close_to_the_reference(hvd):
     model, opt = distributed(hvd, compression=hvd.Compression.fp16)
     train(hvd, model, opt)
@@ -210,6 +227,7 @@ def join_ends_uneven_batches_like_horovod(hvd):
 
 CHECKS = [training_matches_single_process_on_the_global_batch,
           backward_passes_per_step_accumulates_locally,
+          gradient_groups_train_like_the_reference,
           fp16_compression_trains_close_to_the_reference,
           gradient_predivide_factor_keeps_the_average,
           synchronize_then_skip_synchronize_steps_once,
