@@ -8,6 +8,8 @@ Configurations, each in its own group of rank processes, one thread per rank
 
   local      one process, no communication at all (the ideal single worker)
   ours-1/2   horovod_spark.torch: DistributedOptimizer (gradient hooks + fusion engine)
+  grouped-1/2  the same with num_groups=1: every gradient in one fused buffer at the end of
+             backward (DDP's single bucket for a model this small)
   ddp-1/2    torch DistributedDataParallel over Gloo (25 MiB buckets)
   horovod    Horovod's own torch API, where horovod is installed
 
@@ -88,10 +90,10 @@ def _rank(spec, impl: str, port: int):
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     if impl == "local":
         return dict(zip(("seconds", "cpu_s"), _loop(spec, model, opt, lambda: None)))
-    if impl == "ours":
+    if impl in ("ours", "grouped"):
         import horovod_spark.torch as hvd
 
-        return _hvd_rank(spec, hvd, model, opt)
+        return _hvd_rank(spec, hvd, model, opt, {"num_groups": 1} if impl == "grouped" else {})
     if impl == "horovod":
         import horovod.torch as hvd
 
@@ -106,11 +108,12 @@ def _rank(spec, impl: str, port: int):
         dist.destroy_process_group()
 
 
-def _hvd_rank(spec, hvd, model, opt):
+def _hvd_rank(spec, hvd, model, opt, extra=None):
     hvd.init()
     try:
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        dopt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+        dopt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                        **(extra or {}))
         out = dict(zip(("seconds", "cpu_s"), _loop(spec, model, dopt, hvd.barrier)))
         if hasattr(hvd, "metrics"):
             out["metrics"] = hvd.metrics()
@@ -132,7 +135,8 @@ def run(impl: str, n: int, spec: dict) -> tuple:
 
 
 def _configs(ns) -> list:
-    impls = [("local", 1), ("ours", 1), ("ours", 2), ("ddp", 1), ("ddp", 2)]
+    impls = [("local", 1), ("ours", 1), ("ours", 2), ("grouped", 1), ("grouped", 2),
+             ("ddp", 1), ("ddp", 2)]
     if importlib.util.find_spec("horovod") is not None:
         impls += [("horovod", 1), ("horovod", 2)]
     return impls
@@ -146,7 +150,7 @@ def table(best: dict, cpu: dict) -> str:
              f"{'cpu 1':>7} {'cpu 2':>7}"]
     lines.append(f"  {'local':>8} {local:>9.1f} {'-':>9} {'-':>11} {'-':>11} "
                  f"{cpu[('local', 1)]:>7.1f} {'-':>7}")
-    for impl in ("ours", "ddp", "horovod"):
+    for impl in ("ours", "grouped", "ddp", "horovod"):
         if (impl, 2) not in best:
             continue
         one, two = best[(impl, 1)], best[(impl, 2)]
