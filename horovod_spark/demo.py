@@ -78,7 +78,6 @@ def _epoch(hvd, model, opt, x, y, epoch: int, epochs: int, steps: int, batch_siz
 def train(data, epochs: int = 8, batch_size: int = 32, lr: float = 0.002) -> dict:
     """The training function every rank runs; rank 0's value comes back to the driver."""
     import torch
-    import torch.nn.functional as F
 
     import horovod_spark.torch as hvd
 

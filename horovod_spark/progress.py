@@ -179,7 +179,8 @@ def report(*, epoch: Optional[int] = None, step: Optional[int] = None,
     try:  # a loss may be negative
         loss = None if loss is None else float(loss)
     except (TypeError, ValueError):
-        raise TypeError(f"progress.report: loss must be a number, got {type(loss).__name__}") from None
+        raise TypeError(f"progress.report: loss must be a number, "
+                        f"got {type(loss).__name__}") from None
     s = _rank_totals()
     if s is None:
         return

@@ -24,8 +24,8 @@ pytestmark = [pytest.mark.notebook, pytest.mark.spark, pytest.mark.slow, pytest.
 # What each notebook must print, beyond a plot and a progress bar.
 EXPECTED = {
     "quick_start": [r"loss per epoch: [0-9. ]+", r"test accuracy: (\d+\.\d)%"],
-    "spark_ml_pipeline": [r"test accuracy: (\d+\.\d)%", r"the loaded pipeline predicts the same: True",
-                          r"\[0\]<stdout>:epoch 8/8"],
+    "spark_ml_pipeline": [r"test accuracy: (\d+\.\d)%", r"\[0\]<stdout>:epoch 8/8",
+                          r"the loaded pipeline predicts the same: True"],
     "keras_estimator": [r"test accuracy: (\d+\.\d)%", r"the loaded model predicts the same: True"],
     "porting_from_horovod": [r"\[0\]<stdout>:epoch 4: loss", r"exit status: 0"],
 }
@@ -60,7 +60,8 @@ def test_the_notebook_runs_top_to_bottom_and_shows_its_results(name, kernel_env,
     nb = run_notebook(os.path.join(NOTEBOOKS, f"{name}.ipynb"), str(tmp_path))
     text = text_of(nb)
     assert images_of(nb) >= 1, f"{name} shows no plot"
-    assert re.search(r"\d+/\d+ \[|\d+step \[", text), f"{name} shows no progress bar:\n{text[-2000:]}"
+    assert re.search(r"\d+/\d+ \[|\d+step \[", text), \
+        f"{name} shows no progress bar:\n{text[-2000:]}"
     assert re.search(r"samples/s|step/s", text)
     for pattern in EXPECTED[name]:
         found = re.search(pattern, text)

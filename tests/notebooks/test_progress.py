@@ -6,7 +6,6 @@ bar where a user sees it, on the driver's stderr.
 """
 import io
 import json
-import os
 import sys
 
 import cloudpickle
