@@ -8,6 +8,7 @@ Model.  A framework subclass provides ``_required``, ``_user_objects``,
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -58,6 +59,7 @@ class DistributedEstimator(Estimator, EstimatorParams):
         spark = dataset.sparkSession
         num_proc = _checks.resolve_num_proc(spark, values["num_proc"])
         job = self._barrier_job(values, specs, output_shapes)
+        job = dataclasses.replace(job, train=dataclasses.replace(job.train, num_proc=num_proc))
         checked, stage_start = time.perf_counter(), time.time()
         result = self._run(spark, prepare(dataset, specs), num_proc, job, values["verbose"])
         done = time.perf_counter()
@@ -89,7 +91,7 @@ class DistributedEstimator(Estimator, EstimatorParams):
             backward_passes_per_step=values["backward_passes_per_step"],
             use_gpu=values["use_gpu"], verbose=values["verbose"], store=store,
             run_id=values["run_id"] or f"run-{uuid.uuid4().hex[:12]}",
-            has_validation=bool(validation))
+            has_validation=bool(validation), specs=tuple(specs))
         fraction = validation if isinstance(validation, float) else 0.0
         return BarrierJob(specs=tuple(specs), validation_fraction=fraction, train=train,
                           train_fn=type(self)._train_fn)

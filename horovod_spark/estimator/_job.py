@@ -1,9 +1,9 @@
 """What the driver hands to the barrier tasks and what the tasks hand to the ranks.
 
 ``BarrierJob`` travels (pickled) into every task of the fit's barrier stage;
-``TrainSpec`` is the part the rank process needs, completed by the task with the
-row counts of every shard once the tasks have exchanged their censuses.  Both
-are frozen: a task makes the rank's copy with ``dataclasses.replace``.
+``TrainSpec`` is the part the rank process needs, completed on the rank with the
+row counts of every shard once the ranks have exchanged their censuses
+(``_census.agree``).  Both are frozen: copies are made with ``dataclasses.replace``.
 """
 from __future__ import annotations
 
@@ -34,9 +34,11 @@ class TrainSpec:
     store: Store
     run_id: str
     has_validation: bool
+    specs: Tuple[ColumnSpec, ...] = ()       # the used columns, for census messages
+    num_proc: int = 0
     train_rows: Tuple[int, ...] = ()         # per rank, from the census
     val_rows: Tuple[int, ...] = ()
-    data_seconds: float = 0.0                # this task's spill + census time
+    data_seconds: float = 0.0                # this task's spill time
     stamps: Tuple[Tuple[str, float], ...] = ()  # wall-clock times of the task's phases
 
 
@@ -80,12 +82,16 @@ class RankData:
 
 class Progress:
     """Rank 0's one line per epoch, and the timings a benchmark reads: durations, and
-    wall-clock stamps of the phases (task start, spilled, agreed, rank entry, ready,
-    trained) that show where a fit's time goes."""
+    wall-clock stamps of the phases (task start, spilled, rank entry, initialized,
+    agreed, ready, trained) that show where a fit's time goes."""
 
     def __init__(self, spec: TrainSpec, rank: int, steps: int, entered: float):
+        from horovod_spark import progress
+
+        self.report = progress.report  # the driver's progress bar, when it shows one
         self.verbose = spec.verbose if rank == 0 else 0
         self.epochs, self.steps, self.run_id = spec.epochs, steps, spec.run_id
+        self.batch_size = spec.batch_size
         self.train_seconds = 0.0
         self.started = time.perf_counter()
         self.stamps = dict(spec.stamps, rank_entry=entered, ready=time.time())
@@ -93,6 +99,10 @@ class Progress:
             print(f"rank {rank}: {spec.train_rows[rank]} training rows, "
                   f"{spec.val_rows[rank] if spec.val_rows else 0} validation rows, "
                   f"{steps} steps per epoch", flush=True)
+
+    def step_done(self, epoch: int, step: int, loss: float) -> None:
+        self.report(epoch=epoch, step=step, steps=self.steps, epochs=self.epochs,
+                    samples=self.batch_size, loss=loss)
 
     def epoch_done(self, epoch: int, metrics: Dict[str, float], seconds: float) -> None:
         self.train_seconds += seconds

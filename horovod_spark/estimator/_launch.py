@@ -7,8 +7,9 @@ rank without any copy through shared storage.  So this module composes the
 runner's parts around a different stage: the runner's pre-submit checks (slots,
 dynamic allocation, GPU amounts), its per-job secret and log server (live rank
 output, failure records), its task machinery inside our task body
-(``_barrier.task_body`` calls ``_task.run_task``), its failure analysis and its
-cleanup; the stage itself is ``prepared_df.mapInArrow(task_body, barrier=True)``.
+(``_barrier.task_body`` runs ``_task.run_task`` on a thread while it spills), its
+failure analysis and its cleanup.  The stage itself is
+``prepared_df.mapInArrow(task_body, barrier=True)``.
 
 The prepared DataFrame is repartitioned to ``num_proc`` only when it has another
 number of partitions.  If its own partitions leave a rank with no rows, or Spark
@@ -24,7 +25,8 @@ import os
 import uuid
 from typing import Any, Dict, Optional
 
-from horovod_spark.estimator._barrier import EMPTY, OK, PROBLEM, RESULT_SCHEMA, task_body
+from horovod_spark.estimator._barrier import RESULT_SCHEMA, task_body
+from horovod_spark.estimator._census import EMPTY, OK, PROBLEM
 from horovod_spark.estimator._job import BarrierJob
 
 __all__ = ["run_fit"]
@@ -36,7 +38,7 @@ _CHAIN = "BarrierJobUnsupportedRDDChainException"
 def run_fit(spark, prepared_df, num_proc: int, job: BarrierJob, verbose: int = 1
             ) -> Dict[str, Any]:
     """Rank 0's result of the fit: {"model": bytes, "history": ..., "timings": ...}."""
-    as_is = prepared_df.rdd.getNumPartitions() == num_proc
+    as_is = partitions(prepared_df) == num_proc
     df = prepared_df if as_is else prepared_df.repartition(num_proc)
     try:
         status, payload = _stage(spark, df, num_proc, job, verbose)
@@ -55,6 +57,26 @@ def run_fit(spark, prepared_df, num_proc: int, job: BarrierJob, verbose: int = 1
             "; the DataFrame needs at least one training row per rank: fewer ranks or more rows"
         raise ValueError(f"{payload}{hint}")
     return payload
+
+
+def partitions(df) -> Optional[int]:
+    """The DataFrame's partition count if Spark knows it without running a job, else None.
+
+    ``df.rdd.getNumPartitions()`` would run the shuffles under an adaptive plan;
+    the physical plan before adaptive execution knows the count of a repartition,
+    a range, a join or a cached DataFrame, and a plan without a shuffle (a file
+    scan, local data) is cheap to ask.
+    """
+    try:
+        plan = df._jdf.queryExecution().sparkPlan()
+        known = int(plan.outputPartitioning().numPartitions())
+        if known > 0:
+            return known
+        if "Exchange" in plan.toString():
+            return None
+    except Exception:  # not a classic DataFrame: ask the RDD
+        pass
+    return df.rdd.getNumPartitions()
 
 
 def _stage(spark, df, num_proc: int, job: BarrierJob, verbose: int):
@@ -76,8 +98,8 @@ def _stage(spark, df, num_proc: int, job: BarrierJob, verbose: int):
     spec = TaskSpec(job=job_id, secret=secret, payload=b"",
                     log_address=server.address if server else None, show_output=opts.show_output,
                     rank0_only=True, result_limit=limit, env=display.env)
-    if shown:
-        job = dataclasses.replace(job, train_fn=progress.FitTracked(job.train_fn))
+    if shown:  # the loops report each step themselves (progress.report)
+        job = dataclasses.replace(job, train_fn=progress.Tracked(job.train_fn))
     tag = f"horovod-spark-{job_id.replace('/', '-')}"
     sc.addJobTag(tag)
     ok = False
@@ -90,25 +112,12 @@ def _stage(spark, df, num_proc: int, job: BarrierJob, verbose: int):
         raise _driver.JobFailedError(record) from None
     finally:
         try:
-            _finish(sc, server, tag, ok, num_proc, rows if ok else None)
+            _driver._finish(sc, server, tag, ok, num_proc)
         finally:
             display.close()
     for row in sorted(rows, key=lambda r: r.partition):
         if row.status != OK:
             return row.status, row.message
     blob = next(r.payload for r in rows if r.partition == 0)
-    return OK, cloudpickle.loads(blob)[1]
-
-
-def _finish(sc, server, tag: str, ok: bool, num_proc: int, rows: Optional[list]) -> None:
-    """The runner's cleanup; ranks that never started (a data problem) are not waited for."""
-    from horovod_spark import _driver
-
-    started = ok and rows is not None and all(r.status == OK for r in rows)
-    if ok and not started and server is not None:
-        try:
-            sc.removeJobTag(tag)
-        finally:
-            server.close()
-        return
-    _driver._finish(sc, server, tag, ok, num_proc)
+    value = cloudpickle.loads(blob)[1]
+    return value["problem"] if "problem" in value else (OK, value)

@@ -8,8 +8,8 @@ fixed-size lists, so the rank can memory-map them and view every column as a
 numpy array without a copy.  While it writes it checks what training can't take
 (nulls, NaN, arrays of different lengths) and records a *census* of the
 partition: its row counts, the column widths and the first problem found.  The
-tasks exchange their censuses (``BarrierTaskContext.allGather``) before any rank
-starts, so a bad row fails the fit on every task at once, before training.
+ranks exchange the censuses before any step (``_census.agree``), so a bad row
+stops the fit on every rank at once, before training.
 """
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """The rank side of KerasEstimator.fit: runs in each rank process.
 
-One fit, on every rank: ``hvd.init()``; map the rank's shard; load the model from
+One fit, on every rank: ``hvd.init()`` (while the task still spills the rank's
+partition); the census of every shard (``_census.agree``): row counts, or the
+problem every rank returns instead of training; map the rank's shard; load the model from
 its ``.keras`` bytes; compile it with ``hvd.DistributedOptimizer`` around the
 user's optimizer; build the optimizer on every rank (so that
 ``BroadcastGlobalVariablesCallback`` sends model and optimizer state in one
@@ -27,6 +29,7 @@ import keras
 import numpy as np
 
 from horovod_spark.estimator import _keras_io as kio
+from horovod_spark.estimator._census import agree
 from horovod_spark.estimator._job import Progress, RankData, TrainSpec, append_history
 
 __all__ = ["train"]
@@ -38,6 +41,9 @@ def train(spec: TrainSpec, directory: str) -> Optional[Dict[str, Any]]:
     entered = time.time()
     hvd.init()
     spec = dataclasses.replace(spec, stamps=spec.stamps + (("initialized", time.time()),))
+    problem, spec = agree(hvd.allgather_object, spec, directory)
+    if problem is not None:
+        return {"problem": problem} if hvd.rank() == 0 else None
     data = RankData(spec, directory, hvd.rank())
     try:
         return _fit(hvd, spec, data, entered)
@@ -90,8 +96,10 @@ def _fit(hvd, spec: TrainSpec, data: RankData, entered: float) -> Optional[Dict[
     start, history = _resume(hvd, spec, model, opt, rank)
     progress = Progress(spec, rank, data.steps, entered)
     out_shapes = [tuple([None] + list(s)) for s in user["output_shapes"]]
+    from horovod_spark import progress as bar
+
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-                 hvd.callbacks.MetricAverageCallback()]
+                 hvd.callbacks.MetricAverageCallback(), bar.keras_callback(spec.batch_size)]
     if spec.has_validation:
         callbacks.append(_Validation(hvd, spec, data, user, out_shapes))
     callbacks += list(user.get("callbacks") or [])

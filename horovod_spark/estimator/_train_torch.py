@@ -1,8 +1,11 @@
 """The rank side of TorchEstimator.fit: runs in each rank process.
 
-One fit, on every rank: ``hvd.init()``; map the rank's shard; rebuild the user's
+One fit, on every rank: ``hvd.init()`` (while the task still spills the rank's
+partition); the census of every shard (``_census.agree``): row counts, or the
+problem every rank returns instead of training; map the rank's shard; rebuild the user's
 model, optimizer and loss; rank 0 loads the run's newest checkpoint if there is
-one; broadcast parameters, optimizer state and the epoch to start from; wrap the
+one; broadcast the epoch to start from, the parameters and, after a resume, the
+optimizer state (a fresh one is the same pickle on every rank); wrap the
 optimizer in ``hvd.DistributedOptimizer``; then per epoch: the same number of
 steps on every rank (``RankData.steps``), gradients of ``backward_passes_per_step``
 batches accumulated before each allreduce and step (each scaled by 1 / that
@@ -15,12 +18,15 @@ from __future__ import annotations
 
 import io
 import dataclasses
+import importlib
+import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from horovod_spark.estimator import _torch_io as tio
+from horovod_spark.estimator._census import agree
 from horovod_spark.estimator._job import (Progress, RankData, TrainSpec, append_history,
                                           averaged)
 
@@ -31,8 +37,17 @@ def train(spec: TrainSpec, directory: str) -> Optional[Dict[str, Any]]:
     import horovod_spark.torch as hvd
 
     entered = time.time()
+    # the first optimizer step imports torch._dynamo (seconds): do it while hvd.init
+    # waits for the other ranks and the task spills
+    preload = threading.Thread(target=importlib.import_module, args=("torch._dynamo",),
+                               daemon=True)
+    preload.start()
     hvd.init()
     spec = dataclasses.replace(spec, stamps=spec.stamps + (("initialized", time.time()),))
+    problem, spec = agree(hvd.allgather_object, spec, directory)
+    preload.join()
+    if problem is not None:
+        return {"problem": problem} if hvd.rank() == 0 else None
     _share_cores(hvd.local_size())
     data = RankData(spec, directory, hvd.rank())
     try:
@@ -87,14 +102,15 @@ def _fit(hvd, spec: TrainSpec, data: RankData, entered: float) -> Optional[Dict[
     rank = hvd.rank()
     start, history = _resume(hvd, spec, s, rank)
     hvd.broadcast_parameters(s.model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(s.optimizer, root_rank=0)
+    if start > 0:  # a fresh optimizer is the same pickle on every rank: nothing to send
+        hvd.broadcast_optimizer_state(s.optimizer, root_rank=0)
     opt = hvd.DistributedOptimizer(s.optimizer, named_parameters=s.model.named_parameters(),
                                    backward_passes_per_step=spec.backward_passes_per_step)
     progress = Progress(spec, rank, data.steps, entered)
     names = ["loss"] + [n for n, _ in s.metrics]
     for epoch in range(start, spec.epochs):
         began = time.perf_counter()
-        train_sums = _train_epoch(spec, s, opt, data.epoch(epoch))
+        train_sums = _train_epoch(spec, s, opt, data.epoch(epoch), progress, epoch)
         val_sums = _validate(spec, s, data) if spec.has_validation else None
         metrics = _reduce(hvd, names, train_sums, val_sums, epoch)
         append_history(history, metrics)
@@ -121,7 +137,8 @@ def _batch_tensors(spec: TrainSpec, s: _Setup, batch: Dict[str, np.ndarray]):
     return outputs, labels, weights, len(batch[spec.feature_cols[0]])
 
 
-def _train_epoch(spec: TrainSpec, s: _Setup, opt, batches) -> np.ndarray:
+def _train_epoch(spec: TrainSpec, s: _Setup, opt, batches, progress: Progress,
+                 epoch: int) -> np.ndarray:
     """Sums over the epoch: [loss * rows, metric * rows ..., rows]."""
     import torch
 
@@ -136,8 +153,10 @@ def _train_epoch(spec: TrainSpec, s: _Setup, opt, batches) -> np.ndarray:
             opt.step()
             opt.zero_grad()
         with torch.no_grad():
-            sums[:-1] += n * np.array([float(loss)] + _metric_values(s, outputs, labels))
+            value = float(loss)
+            sums[:-1] += n * np.array([value] + _metric_values(s, outputs, labels))
         sums[-1] += n
+        progress.step_done(epoch, i, value)
     return sums
 
 
