@@ -96,13 +96,11 @@ def _fit(hvd, spec: TrainSpec, data: RankData, entered: float) -> Optional[Dict[
     start, history = _resume(hvd, spec, model, opt, rank)
     progress = Progress(spec, rank, data.steps, entered)
     out_shapes = [tuple([None] + list(s)) for s in user["output_shapes"]]
-    from horovod_spark import progress as bar
-
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-                 hvd.callbacks.MetricAverageCallback(), bar.keras_callback(spec.batch_size)]
+                 hvd.callbacks.MetricAverageCallback()]
     if spec.has_validation:
         callbacks.append(_Validation(hvd, spec, data, user, out_shapes))
-    callbacks += list(user.get("callbacks") or [])
+    callbacks += _with_progress(list(user.get("callbacks") or []), spec.batch_size)
     callbacks.append(_EpochEnd(spec, history, progress, rank))
     if start < spec.epochs:
         model.fit(_batches(spec, data, user, range(start, spec.epochs), out_shapes),
@@ -114,6 +112,15 @@ def _fit(hvd, spec: TrainSpec, data: RankData, entered: float) -> Optional[Dict[
     spec.store.write_bytes(spec.store.model_path(spec.run_id), model_bytes)
     return {"model": model_bytes, "history": history,
             "timings": progress.timings(spec.data_seconds)}
+
+
+def _with_progress(callbacks: list, batch_size: int) -> list:
+    """The user's callbacks, plus the progress display's unless they brought it."""
+    from horovod_spark import progress
+
+    if any(type(cb).__qualname__.endswith("KerasProgress") for cb in callbacks):
+        return callbacks
+    return callbacks + [progress.keras_callback(batch_size)]
 
 
 class _Validation(keras.callbacks.Callback):
