@@ -31,6 +31,11 @@ TUNING = {
     "small_bytes": 64 * 1024,   # allreduce up to here in one step, every rank reducing all
     "tcp_chunk": 512 * 1024,    # one ring item (and the staging buffer of a reduce)
     "spin_us": 50,              # spin before yielding, when every local rank has a core
+    "yield_us": 200,            # then yield the core before sleeping
+    # when local ranks outnumber cores: barely spin, sleep at once, and sync less often
+    "crowded_spin_us": 2,
+    "crowded_yield_us": 0,
+    "crowded_shm_chunk": 1024 * 1024,
 }
 
 
@@ -67,8 +72,10 @@ class NativeBackend(Backend):
         opts.hosts = [order.index(h) for h in topo.hosts]
         opts.pids = [int(p) for p in mesh.pids]
         opts.timeout_s = float(config.timeout)
-        opts.spin_ns = int(tune["spin_us"] * 1000) if topo.local_size <= _cores() else 2000
-        opts.shm_chunk = int(tune["shm_chunk"])
+        crowded = "crowded_" if topo.local_size > _cores() else ""
+        opts.spin_ns = int(tune[crowded + "spin_us"] * 1000)
+        opts.yield_ns = int(tune[crowded + "yield_us"] * 1000)
+        opts.shm_chunk = int(tune[crowded + "shm_chunk"] if crowded else tune["shm_chunk"])
         opts.small_bytes = int(tune["small_bytes"])
         opts.tcp_chunk = int(tune["tcp_chunk"])
         fds = [-1] * topo.size

@@ -153,6 +153,7 @@ void bind_context(py::module_& m) {
       .def_readwrite("pids", &ContextOptions::pids)
       .def_readwrite("timeout_s", &ContextOptions::timeout_s)
       .def_readwrite("spin_ns", &ContextOptions::spin_ns)
+      .def_readwrite("yield_ns", &ContextOptions::yield_ns)
       .def_readwrite("shm_chunk", &ContextOptions::shm_chunk)
       .def_readwrite("small_bytes", &ContextOptions::small_bytes)
       .def_readwrite("tcp_chunk", &ContextOptions::tcp_chunk);

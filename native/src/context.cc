@@ -42,7 +42,7 @@ Context::Context(ContextOptions opt, std::vector<int> fds, std::unique_ptr<Segme
   if (seg && locals_.size() > 1) {
     std::vector<pid_t> pids;
     for (int r : locals_) pids.push_back(opt_.pids[r]);
-    WaitPolicy policy{opt_.spin_ns, seconds_to_ns(opt_.timeout_s)};
+    WaitPolicy policy{opt_.spin_ns, opt_.yield_ns, seconds_to_ns(opt_.timeout_s)};
     shm_.reset(new ShmGroup(std::move(seg), index_of(locals_, opt_.rank), locals_, std::move(pids),
                             policy, opt_.shm_chunk));
   }

@@ -35,7 +35,8 @@ struct ContextOptions {
   std::vector<int> hosts;  // host index of every world rank
   std::vector<pid_t> pids;
   double timeout_s = 30.0;
-  uint64_t spin_ns = 50000;
+  uint64_t spin_ns = 50000;  // shm waits: spin, then yield, then sleep (group.h)
+  uint64_t yield_ns = 200000;
   size_t shm_chunk = 256 * 1024;  // bytes per shm step buffer
   size_t small_bytes = 64 * 1024;  // shm allreduce: one-step path up to here
   size_t tcp_chunk = 512 * 1024;

@@ -21,7 +21,6 @@ namespace hvs {
 namespace {
 constexpr size_t kTagBytes = 64;  // the tag at the start of every buffer
 static_assert(sizeof(OpTag) <= kTagBytes, "an OpTag fits its place");
-constexpr uint64_t kYieldNs = 200000;         // yield for 0.2 ms after spinning, then sleep
 constexpr uint64_t kCheckEveryNs = 20000000;  // peer liveness every 20 ms, the longest sleep
 
 // The futex is the low 32 bits of the 64-bit phase counter (little endian).
@@ -179,7 +178,7 @@ Status ShmGroup::wait_slow(int local, uint64_t target) {
       return HVS_ERROR(Code::kTimeout, "no progress from a local peer through shared memory",
                        world_[local])
           .with_hint("is that process alive, and in the same collective?");
-    if (waited < policy_.spin_ns + kYieldNs) {
+    if (waited < policy_.spin_ns + policy_.yield_ns) {
       sched_yield();
       continue;
     }

@@ -23,7 +23,7 @@
 // get a MismatchError naming both, never garbage.
 //
 // Waiting: spin on the peer's counter (no syscall on the fast path) for
-// `spin_ns`, then sched_yield for a little while (another local rank may need
+// `spin_ns`, then sched_yield for `yield_ns` (another local rank may need
 // this core), then sleep on a futex on the counter, which the peer wakes when
 // it posts and sees a sleeper (so posting costs no syscall unless someone
 // sleeps).  Sleeps last at most 20 ms: between them the peers' processes are
@@ -60,6 +60,7 @@ uint64_t digest_of(const std::vector<size_t>& counts);
 
 struct WaitPolicy {
   uint64_t spin_ns = 50000;
+  uint64_t yield_ns = 200000;  // 0 when ranks outnumber cores: sleep at once
   uint64_t timeout_ns = 30000000000ull;
 };
 
