@@ -8,19 +8,23 @@ VectorAssembler makes it) and a regression label, written once to Parquet
 (not timed).  Model: a small MLP (features -> 64 -> 64 -> 1, MSE, Adam).
 
 Cases, each one ``fit`` on a warm local[num_proc] session:
-  parquet   ``fit_on_parquet(path)``: read, repartition to num_proc, spill, train;
+  parquet, num_proc files   ``fit_on_parquet(path)``: the read has num_proc
+            partitions, so each task reads its file, spills it and its rank trains;
+  parquet, 16 MB splits     the same files read in many splits, so the fit
+            repartitions to num_proc first (one shuffle);
   cached    ``fit(df)`` of a cached DataFrame that already has num_proc partitions
             (no shuffle: each task hands its cached partition to its rank).
 Reference: the same model and batches trained by torch alone, in one process, on
 in-memory tensors of rows / num_proc rows (a rank's share), no Spark at all.
 
-Columns: rows/s = rows x epochs / fit time.  Time splits of a fit: *prep* =
-the driver's checks (schema, a 16-row sample, the dry run) + the tasks' data
-path (reading the partition from Spark, vectors to arrays, NaN checks, the
-spill to local Arrow); *start* = the rest of the stage that is not training
-(rank processes starting, hvd.init, the census, the result coming back; the
-rank starts while its task spills, so prep and start overlap); *train* = the
-ranks' epochs.  Target: prep <= 20% of fit.  The timeline shows the overlap.
+Columns: rows/s = rows x epochs / fit time; *check* = the driver's checks
+(schema, a 16-row sample, the dry run); *spill* = rank 0's task reading its
+partition from Spark (vectors to arrays on the JVM, Arrow to Python) and
+spilling it to local Arrow; *train* = the ranks' epochs; prep % = (check +
+spill) / fit; not train % = (fit - train) / fit, which adds the rank processes
+starting (python, torch, hvd.init), the census and the result coming back.  The
+rank starts while its task spills, so spill and start overlap (see the
+timeline).  Target: prep <= 20% of fit.
 
 Horovod's TorchEstimator would run side by side when ``horovod.spark.torch``
 imports.  It does not install here: horovod 0.28.1 (the last release, 2023)
@@ -68,7 +72,7 @@ def _data(spark, rows: int, features: int, path: str):
     df = df.withColumn("label", label.cast("float"))
     df = VectorAssembler(inputCols=[f"f{i}" for i in range(features)],
                          outputCol="features").transform(df).select("features", "label")
-    df.write.mode("overwrite").parquet(path)
+    df.coalesce(spark.sparkContext.defaultParallelism).write.mode("overwrite").parquet(path)
 
 
 def _estimator(args, store: str):
@@ -86,6 +90,15 @@ def _estimator(args, store: str):
                           store=store, verbose=0)
 
 
+def _small_splits(spark, est, path: str):
+    """A Parquet read in many partitions, so the fit repartitions (one shuffle)."""
+    spark.conf.set("spark.sql.files.maxPartitionBytes", str(16 << 20))
+    try:
+        return est.fit_on_parquet(path)
+    finally:
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
+
+
 def _row(case: str, args, est, model, seconds: float) -> dict:
     t = est._last_timings
     prep = t["check_seconds"] + t["data_seconds"]
@@ -93,7 +106,8 @@ def _row(case: str, args, est, model, seconds: float) -> dict:
     start = max(seconds - train - prep, 0.0)
     return {"case": case, "rows": args.rows, "epochs": args.epochs, "fit_s": seconds,
             "rows_per_s": args.rows * args.epochs / seconds, "prep_s": prep, "start_s": start,
-            "train_s": train, "prep_share": prep / seconds,
+            "train_s": train, "prep_share": prep / seconds, "check_s": t["check_seconds"],
+            "spill_s": t["data_seconds"], "not_train_share": (seconds - train) / seconds,
             "final_loss": model.getHistory()["loss"][-1], "phases": _phases(t["stamps"])}
 
 
@@ -138,7 +152,8 @@ def _torch_alone(args) -> dict:
     seconds = time.perf_counter() - began
     return {"case": "torch alone (1 process, a rank's rows)", "rows": n, "epochs": args.epochs,
             "fit_s": seconds, "rows_per_s": n * args.epochs / seconds, "prep_s": 0.0,
-            "start_s": 0.0, "train_s": seconds, "prep_share": 0.0, "final_loss": float("nan")}
+            "start_s": 0.0, "train_s": seconds, "prep_share": 0.0, "check_s": 0.0,
+            "spill_s": 0.0, "not_train_share": 0.0, "final_loss": float("nan")}
 
 
 def _horovod_row() -> dict:
@@ -152,16 +167,17 @@ def _horovod_row() -> dict:
 
 
 def _print(rows: list) -> None:
-    head = f"{'case':<40} {'rows/s':>10} {'fit s':>7} {'prep s':>7} {'start s':>8} " \
-           f"{'train s':>8} {'prep %':>7}"
+    head = f"{'case':<40} {'rows/s':>10} {'fit s':>7} {'check s':>8} {'spill s':>8} " \
+           f"{'train s':>8} {'prep %':>7} {'not train %':>12}"
     print(head)
     print("-" * len(head))
     for r in rows:
         if "skipped" in r:
             print(f"{r['case']:<40} {r['skipped']}")
             continue
-        print(f"{r['case']:<40} {r['rows_per_s']:>10.0f} {r['fit_s']:>7.2f} {r['prep_s']:>7.2f} "
-              f"{r['start_s']:>8.2f} {r['train_s']:>8.2f} {100 * r['prep_share']:>6.1f}%")
+        print(f"{r['case']:<40} {r['rows_per_s']:>10.0f} {r['fit_s']:>7.2f} {r['check_s']:>8.2f} "
+              f"{r['spill_s']:>8.2f} {r['train_s']:>8.2f} {100 * r['prep_share']:>6.1f}% "
+              f"{100 * r['not_train_share']:>11.1f}%")
     for r in rows:
         if r.get("phases"):
             print(f"\ntimeline of '{r['case']}' (seconds after the stage was submitted):")
@@ -188,8 +204,10 @@ def main() -> None:
         cached = spark.read.parquet(path).repartition(args.num_proc).cache()
         cached.count()
         _estimator(args, os.path.join(tmp, "warm")).setEpochs(1).fit(cached.limit(4096))
-        for case, run in (("parquet (read + repartition + spill)",
+        for case, run in (("parquet, num_proc files (read + spill)",
                            lambda est: est.fit_on_parquet(path)),
+                          ("parquet, 16 MB splits (+ repartition)",
+                           lambda est: _small_splits(spark, est, path)),
                           ("cached, num_proc partitions", lambda est: est.fit(cached))):
             est = _estimator(args, os.path.join(tmp, "store"))
             began = time.perf_counter()
