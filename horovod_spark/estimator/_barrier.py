@@ -66,6 +66,14 @@ class _Rank(threading.Thread):
             self.error = exc
 
 
+def _watched(batches: Iterator, rank: _Rank) -> Iterator:
+    """The partition's batches; stops the spill as soon as the rank has failed."""
+    for batch in batches:
+        if rank.error is not None:
+            raise rank.error
+        yield batch
+
+
 def _spill(batches, job: BarrierJob, partition: int, directory: str) -> dict:
     began, task_start = time.perf_counter(), time.time()
     census = spill_partition(batches, job.specs, partition, job.validation_fraction,
@@ -87,7 +95,7 @@ def task_body(task_spec, job: BarrierJob, batches: Iterator) -> Iterator:
         census = {"partition": partition, "train_rows": 0, "val_rows": 0, "widths": {},
                   "problem": "the task's spill failed"}
         try:
-            census = _spill(batches, job, partition, directory)
+            census = _spill(_watched(batches, rank), job, partition, directory)
         finally:
             write_census(directory, census)
         rank.join()

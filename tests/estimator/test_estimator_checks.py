@@ -103,3 +103,14 @@ def test_unknown_constructor_arguments_are_refused():
 def test_a_bad_validation_value_is_refused(value, error):
     with pytest.raises((TypeError, ValueError), match=error):
         TorchEstimator(validation=value)
+
+
+def test_the_partition_count_of_a_shuffled_dataframe_is_read_without_running_it(spark):
+    from horovod_spark.estimator._launch import partitions
+
+    tracker = spark.sparkContext.statusTracker()
+    shuffled = spark.range(1000).selectExpr("id", "rand() as x").repartition(3)
+    before = len(tracker.getJobIdsForGroup(None))
+    assert partitions(shuffled) == 3
+    assert partitions(spark.range(0, 10, 1, 5)) == 5
+    assert len(tracker.getJobIdsForGroup(None)) == before  # no job ran

@@ -203,3 +203,20 @@ def test_a_validation_column_a_transformation_and_an_fsspec_store(spark, tmp_pat
     np.testing.assert_allclose(model.getModel().weight.detach().numpy()[0], [1.0, 1.0], atol=0.02)
     assert store.checkpoint_epochs("fsspec") == [1, 2]
     assert store.exists(store.model_path("fsspec"))
+
+
+def test_an_error_in_training_is_raised_on_the_driver_naming_the_rank(spark, tmp_path):
+    from horovod_spark._driver import JobFailedError
+
+    def fails_in_training(batch):  # the dry run's 16 rows pass; training batches of 32 fail
+        if len(batch["y"]) > 16:
+            raise ValueError("boom in transformation_fn")
+        return batch
+
+    df = spark.createDataFrame(_tiny_rows(), "x array<double>, y double").repartition(2)
+    net = torch.nn.Linear(2, 1)
+    with pytest.raises(JobFailedError, match=r"rank \d/2.*ValueError: boom in transformation_fn"):
+        TorchEstimator(num_proc=2, model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+                       loss=torch.nn.MSELoss(), feature_cols=["x"], label_cols=["y"],
+                       transformation_fn=fails_in_training, store=str(tmp_path),
+                       verbose=0).fit(df)
