@@ -63,7 +63,7 @@ def test_nccls_unique_id_travels_over_mpi_when_there_is_no_store(n):
 @requires_mpi
 def test_launched_by_mpiexec_is_true_inside_mpiexec_and_false_outside():
     code = ("import os, sys; from collectives.backends.mpi import launched_by_mpiexec as l; "
-            "print('LAUNCHED', l(os.environ))")
+            "os.write(1, f'LAUNCHED {l(os.environ)}\\n'.encode())")  # one write: ranks' lines never interleave
     inside = mpiexec(2, ["-c", code], timeout=60)
     assert inside.returncode == 0, inside.stdout
     assert inside.stdout.count("LAUNCHED True") == 2, inside.stdout

@@ -75,9 +75,11 @@ def test_a_key_one_rank_sets_reaches_the_ranks_that_wait_for_it(stores):
     got = []
     waiter = threading.Thread(target=lambda: got.append(clients[2].get(f"{JOB}/comm0/shm/0", 10)))
     waiter.start()
-    threading.Thread(target=lambda: clients[1].add(f"{JOB}/comm0/count", 1)).start()
+    adder = threading.Thread(target=lambda: clients[1].add(f"{JOB}/comm0/count", 1))
+    adder.start()
     clients[0].set(f"{JOB}/comm0/shm/0", b"/hvs-segment")
     waiter.join(30)
+    adder.join(30)
     assert got == [b"/hvs-segment"]
     assert clients[0].add(f"{JOB}/comm0/count", 1) == 2  # counters are shared too
 
