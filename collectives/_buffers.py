@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .types import DType, dtype_of_numpy, numpy_of_dtype
+from .types import _FROM_NUMPY, DType, dtype_of_numpy, numpy_of_dtype
 
 __all__ = ["Buf", "as_buf", "empty_for", "scale_", "describe_tensor", "is_cuda"]
 
@@ -64,8 +64,16 @@ def _torch_buf(x, writable: bool, what: str) -> Buf:
     return Buf(arr.reshape(-1), dt, tuple(x.shape), wrap, "torch", x)
 
 
+def _same(a):
+    return a
+
+
 def as_buf(x, *, writable: bool = False, what: str = "tensor") -> Buf:
     """Flat view of x.  writable: the op writes into x, so no hidden copy is allowed."""
+    if type(x) is np.ndarray and x.flags.c_contiguous and (x.flags.writeable or not writable):
+        dt = _FROM_NUMPY.get(x.dtype)  # the hot path: a plain contiguous array
+        if dt is not None:
+            return Buf(x.reshape(-1), dt, x.shape, _same, "numpy", x)
     if is_cuda(x):
         if writable and not _cuda_contiguous(x):
             raise ValueError(f"{what}: the CUDA tensor is not contiguous and the op writes into it; "
@@ -85,7 +93,7 @@ def as_buf(x, *, writable: bool = False, what: str = "tensor") -> Buf:
     if writable and not x.flags.writeable:
         raise ValueError(f"{what}: the array is read-only and the op writes into it")
     dt = dtype_of_numpy(x.dtype)
-    return Buf(x.reshape(-1), dt, x.shape, lambda a: a, "numpy", x)
+    return Buf(x.reshape(-1), dt, x.shape, _same, "numpy", x)
 
 
 def _cuda_contiguous(x) -> bool:

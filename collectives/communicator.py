@@ -78,33 +78,39 @@ class Communicator:
     backend_name = property(lambda self: self.backend.name)
 
     # -- machinery ---------------------------------------------------------
-    def _ctx(self, op: str, tensor: str = "") -> dict:
-        return dict(rank=self.rank, size=self.size, op=op, seq=self._seq, tensor=tensor or None)
+    def _ctx(self, op: str, tensor="", seq: Optional[int] = None) -> dict:
+        return dict(rank=self.rank, size=self.size, op=op, seq=self._seq if seq is None else seq,
+                    tensor=_label(tensor) or None)
 
-    def _run(self, op: str, tensor: str, fn, async_op: bool):
+    def _run(self, op: str, tensor, fn, async_op: bool):
+        """Number the op and run fn, now or on the worker thread.
+
+        tensor is a label, or a (name, Buf) pair formatted only when an error
+        needs it: the hot path of a small allreduce builds no strings.
+        """
         with self._lock:
             if self._broken is not None:
                 raise type(self._broken)(describe(f"communicator is broken by an earlier failure: "
                                                   f"{self._broken}", **self._ctx(op, tensor)))
             self._seq += 1
-            ctx = self._ctx(op, tensor)
-        call = lambda: self._guarded(fn, ctx)  # noqa: E731
+            seq = self._seq
         if async_op:
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="collectives")
-            fut = self._pool.submit(call)
+            fut = self._pool.submit(self._guarded, fn, op, seq, tensor)
             self._pending = [f for f in self._pending if not f.done()] + [fut]
             return Work(fut)
-        for fut in self._pending:  # keep submission order
-            fut.exception()
-        self._pending = []
-        return call()
+        if self._pending:
+            for fut in self._pending:  # keep submission order
+                fut.exception()
+            self._pending = []
+        return self._guarded(fn, op, seq, tensor)
 
-    def _guarded(self, fn, ctx):
+    def _guarded(self, fn, op: str, seq: int, tensor):
         try:
             return fn()
         except CollectiveError as exc:
-            err = exc if f"#{ctx['seq']}" in str(exc) else type(exc)(describe(str(exc), **ctx))
+            err = exc if f"#{seq}" in str(exc) else type(exc)(describe(str(exc), **self._ctx(op, tensor, seq)))
             self._broken = err
             raise err from exc
 
@@ -136,7 +142,8 @@ class Communicator:
     def allreduce(self, x, out=None, op: ReduceOp = ReduceOp.SUM, prescale: float = 1.0,
                   postscale: float = 1.0, async_op: bool = False, name: Optional[str] = None):
         """Reduce x over ranks; out=x reduces in place.  Returns the result."""
-        op = ReduceOp(op)
+        if type(op) is not ReduceOp:
+            op = ReduceOp(op)
         src = B.as_buf(x, what="allreduce input")
         self._check_scaling(op, src.dtype, prescale, postscale, "allreduce")
         if op == ReduceOp.AVERAGE:
@@ -159,7 +166,7 @@ class Communicator:
                 B.scale_(dst.flat, src.dtype, postscale)
             return dst.source if dst.source is not None else dst.wrap(dst.flat.reshape(src.shape))
 
-        return self._run("allreduce", B.describe_tensor(name, src), run, async_op)
+        return self._run("allreduce", (name, src), run, async_op)
 
     def _out_buf(self, out, src: B.Buf, what: str) -> B.Buf:
         if out is None:
@@ -203,7 +210,7 @@ class Communicator:
             backend.allgather(src.flat, dst, src.dtype, [r * row for r in rows], **kw)
             return src.wrap(dst.reshape((sum(rows),) + tuple(shape[1:])))
 
-        return self._run("allgather", B.describe_tensor(name, src), run, async_op)
+        return self._run("allgather", (name, src), run, async_op)
 
     def broadcast(self, x, root: int = 0, async_op: bool = False, name: Optional[str] = None):
         """Overwrite x on every rank with root's x; returns x."""
@@ -216,7 +223,7 @@ class Communicator:
             backend.broadcast(buf.flat, buf.dtype, root, **kw)
             return x
 
-        return self._run("broadcast", B.describe_tensor(name, buf), run, async_op)
+        return self._run("broadcast", (name, buf), run, async_op)
 
     def _check_root(self, root: int, what: str) -> None:
         if not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
@@ -252,7 +259,7 @@ class Communicator:
             B.scale_(dst, src.dtype, post)
             return src.wrap(dst.reshape((rows[self.rank],) + tuple(shape[1:])))
 
-        return self._run("reducescatter", B.describe_tensor(name, src), run, async_op)
+        return self._run("reducescatter", (name, src), run, async_op)
 
     def alltoall(self, x, splits: Optional[Sequence[int]] = None, async_op: bool = False,
                  name: Optional[str] = None):
@@ -277,7 +284,7 @@ class Communicator:
                              src.dtype, **kw)
             return src.wrap(dst.reshape((total,) + tuple(shape[1:]))), recv
 
-        return self._run("alltoall", B.describe_tensor(name, src), run, async_op)
+        return self._run("alltoall", (name, src), run, async_op)
 
     def barrier(self) -> None:
         self._run("barrier", "", self.backend.barrier, False)
@@ -296,6 +303,12 @@ class Communicator:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _label(tensor) -> str:
+    if isinstance(tensor, tuple):
+        return B.describe_tensor(*tensor)
+    return tensor or ""
 
 
 def _device_of(x) -> Optional[int]:

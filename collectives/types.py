@@ -39,8 +39,10 @@ class DType(enum.IntEnum):
 
     @property
     def is_floating(self) -> bool:
-        return self in (DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32, DType.FLOAT64)
+        return self in _FLOATING
 
+
+_FLOATING = frozenset((DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32, DType.FLOAT64))
 
 _ITEMSIZE = {
     DType.FLOAT16: 2, DType.BFLOAT16: 2, DType.FLOAT32: 4, DType.FLOAT64: 8,
