@@ -7,9 +7,11 @@ Configurations, each in its own group of rank processes, one thread per rank
 (torch.set_num_threads(1)); the same model, data and SGD step everywhere:
 
   local      one process, no communication at all (the ideal single worker)
-  ours-1/2   horovod_spark.torch: DistributedOptimizer (gradient hooks + fusion engine)
-  grouped-1/2  the same with num_groups=1: every gradient in one fused buffer at the end of
-             backward (DDP's single bucket for a model this small)
+  ours-1/2   horovod_spark.torch: DistributedOptimizer with its defaults (gradient hooks +
+             fusion engine; num_groups=None picks one group at the end of backward on CPU
+             ranks without a spare core, as here, and overlap elsewhere)
+  overlap-1/2  the same with num_groups=0: each gradient submitted as soon as it is ready,
+             overlapping backward (the default where a rank has a spare core or a GPU)
   ddp-1/2    torch DistributedDataParallel over Gloo (25 MiB buckets)
   horovod    Horovod's own torch API, where horovod is installed
 
@@ -90,10 +92,10 @@ def _rank(spec, impl: str, port: int):
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     if impl == "local":
         return dict(zip(("seconds", "cpu_s"), _loop(spec, model, opt, lambda: None)))
-    if impl in ("ours", "grouped"):
+    if impl in ("ours", "overlap"):
         import horovod_spark.torch as hvd
 
-        return _hvd_rank(spec, hvd, model, opt, {"num_groups": 1} if impl == "grouped" else {})
+        return _hvd_rank(spec, hvd, model, opt, {"num_groups": 0} if impl == "overlap" else {})
     if impl == "horovod":
         import horovod.torch as hvd
 
@@ -135,7 +137,7 @@ def run(impl: str, n: int, spec: dict) -> tuple:
 
 
 def _configs(ns) -> list:
-    impls = [("local", 1), ("ours", 1), ("ours", 2), ("grouped", 1), ("grouped", 2),
+    impls = [("local", 1), ("ours", 1), ("ours", 2), ("overlap", 1), ("overlap", 2),
              ("ddp", 1), ("ddp", 2)]
     if importlib.util.find_spec("horovod") is not None:
         impls += [("horovod", 1), ("horovod", 2)]
@@ -150,7 +152,7 @@ def table(best: dict, cpu: dict) -> str:
              f"{'cpu 1':>7} {'cpu 2':>7}"]
     lines.append(f"  {'local':>8} {local:>9.1f} {'-':>9} {'-':>11} {'-':>11} "
                  f"{cpu[('local', 1)]:>7.1f} {'-':>7}")
-    for impl in ("ours", "grouped", "ddp", "horovod"):
+    for impl in ("ours", "overlap", "ddp", "horovod"):
         if (impl, 2) not in best:
             continue
         one, two = best[(impl, 1)], best[(impl, 2)]

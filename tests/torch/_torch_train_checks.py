@@ -85,6 +85,27 @@ def training_matches_single_process_on_the_global_batch(hvd):
     assert m["steps"] >= STEPS - 1 and m["step_time_s"] > 0 and m["sync_wait_s"] >= 0, m
 
 
+def overlapped_and_grouped_defaults_train_alike(hvd):
+    """num_groups=None groups CPU gradients when the ranks have no spare core, else overlaps."""
+    from horovod_spark.torch.optimizer import _cores
+
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, _cores()):  # a spare core when local_size x 1 < cores; none with cores threads
+            torch.set_num_threads(n)
+            crowded = hvd.local_size() * n >= _cores()
+            model, opt = distributed(hvd)
+            assert bool(opt._group_of) == crowded, (n, _cores(), hvd.local_size(), opt._group_of)
+            train(hvd, model, opt)
+            assert_close(model, reference())
+    finally:
+        torch.set_num_threads(threads)
+    model, opt = distributed(hvd, num_groups=0)  # overlap, asked for explicitly
+    assert not opt._group_of
+    train(hvd, model, opt)
+    assert_close(model, reference())
+
+
 def backward_passes_per_step_accumulates_locally(hvd):
     model, opt = distributed(hvd, backward_passes_per_step=2)
     train(hvd, model, opt, passes=2)
@@ -226,6 +247,7 @@ def join_ends_uneven_batches_like_horovod(hvd):
 
 
 CHECKS = [training_matches_single_process_on_the_global_batch,
+          overlapped_and_grouped_defaults_train_alike,
           backward_passes_per_step_accumulates_locally,
           gradient_groups_train_like_the_reference,
           fp16_compression_trains_close_to_the_reference,
