@@ -101,11 +101,8 @@ class NcclBackend(Backend):
             version = int(nccl.get_version())
             uid = bootstrap(store, topology, prefix, identity,
                             lambda: T.encode_unique_id(nccl.get_unique_id()), config.connect_timeout)
-            try:
-                comm = nccl.NcclCommunicator(topology.size, T.decode_unique_id(uid), topology.rank)
-            except nccl.NcclError as exc:
-                raise T.translate_nccl_error(exc.status, str(exc), rank=topology.rank,
-                                             size=topology.size, op="nccl init") from exc
+            comm = _init_comm(cupy, nccl, device, topology, T.decode_unique_id(uid),
+                              config.connect_timeout)
         return cls(topology, comm, device, version, config, cupy, nccl)
 
     # -- streams and buffers -----------------------------------------------
@@ -377,3 +374,37 @@ class NcclBackend(Backend):
 
 def _tensor(dtype: Optional[DType], count: int) -> Optional[str]:
     return None if dtype is None else f"{DType(dtype).name.lower()}[{count}]"
+
+
+def _init_comm(cupy, nccl, device: int, topology: Topology, uid, timeout: float):
+    """ncclCommInitRank, bounded: a rank that never joins makes the others raise, not hang.
+
+    The init runs in a daemon thread, since NCCL's blocking init has no timeout
+    of its own; after `timeout` the caller gets a CollectiveTimeout and the
+    stuck thread is abandoned with the process, which is failing anyway.
+    """
+    out: dict = {}
+
+    def init():
+        try:
+            with cupy.cuda.Device(device):
+                out["comm"] = nccl.NcclCommunicator(topology.size, uid, topology.rank)
+        except BaseException as exc:  # handed to the caller below
+            out["error"] = exc
+
+    thread = threading.Thread(target=init, name="nccl-init", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise CollectiveTimeout(describe(
+            "ncclCommInitRank did not finish", rank=topology.rank, size=topology.size,
+            op="nccl init", timeout=timeout,
+            hint="did every rank reach NCCL init? (a rank that died or took another path; "
+                 "NCCL_SOCKET_IFNAME, NCCL_DEBUG=INFO help between hosts)"))
+    exc = out.get("error")
+    if isinstance(exc, nccl.NcclError):
+        raise T.translate_nccl_error(exc.status, str(exc), rank=topology.rank,
+                                     size=topology.size, op="nccl init") from exc
+    if exc is not None:
+        raise exc
+    return out["comm"]

@@ -78,3 +78,44 @@ def test_a_malformed_unique_id_from_rank_zero_is_refused():
     topo = Topology(rank=1, size=2, hosts=("a", "b"))
     with pytest.raises(CollectiveError, match="rank 0's NCCL unique id has 2 bytes, not 128"):
         bootstrap(store, topo, "job1/comm0", "1", lambda: b"", 5.0)
+
+
+class _StuckNccl:
+    """Stands in for cupy.cuda.nccl (not ours) where ncclCommInitRank waits for a rank that
+    never comes, as NCCL's blocking init does; `release` lets the abandoned thread end."""
+
+    class NcclError(Exception):
+        pass
+
+    def __init__(self):
+        self.release = threading.Event()
+        outer = self
+
+        class NcclCommunicator:
+            def __init__(self, size, uid, rank):
+                outer.release.wait(30)
+
+        self.NcclCommunicator = NcclCommunicator
+
+
+class _Cupy:
+    class cuda:  # noqa: N801 - the shape of cupy.cuda
+        @staticmethod
+        def Device(index):  # noqa: N802
+            import contextlib
+
+            return contextlib.nullcontext()
+
+
+@pytest.mark.timeout(30)
+def test_an_nccl_init_that_a_rank_never_joins_fails_within_the_connect_timeout():
+    from collectives.backends.nccl import _init_comm
+
+    nccl = _StuckNccl()
+    try:
+        with pytest.raises(CollectiveTimeout) as info:
+            _init_comm(_Cupy, nccl, 0, Topology(rank=1, size=2, hosts=("a", "a")), (0,) * 128, 0.5)
+    finally:
+        nccl.release.set()
+    text = str(info.value)
+    assert "ncclCommInitRank did not finish" in text and "rank 1/2" in text and "0.5" in text, text
