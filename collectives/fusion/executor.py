@@ -10,7 +10,11 @@ one collective in place, and *unpacked* (the postscale factor is applied
 while copying out).  AVERAGE is SUM with a postscale of 1/size.  bfloat16
 is packed widened to float32 (the communicator's numpy path has no
 bfloat16), so its sums are also more accurate.  A group of one CPU tensor
-skips the copies; CUDA tensors go to the communicator one by one.
+skips the copies.  CUDA tensors of one framework are packed the same way into
+a *device* fusion buffer (one per dtype and framework, on the GPU; one
+concatenation kernel in, one copy per tensor out) and reduced by one NCCL
+call on the engine thread's stream, so packing, the reduction and unpacking
+stay in order; a lone CUDA tensor goes to the communicator as it is.
 
 The other kinds run one collective each.  Errors that every rank can derive
 from the agreed data (a broadcast root that has joined) finish the handles
@@ -26,6 +30,8 @@ import numpy as np
 
 from ..errors import NotSupported, describe
 from ..types import DType, ReduceOp, numpy_of_dtype
+from ._device import clone as _clone, concat as _concat, empty_like as _empty_like, \
+    is_torch as _is_torch
 from .request import Request, Signature
 
 __all__ = ["Executor"]
@@ -84,6 +90,7 @@ class Executor:
         self.timeline, self._metrics, self._done = timeline, metrics, done
         self._rank, self._size = comm.rank, comm.size
         self._buffers: Dict[np.dtype, np.ndarray] = {}
+        self._device_buffers: Dict[tuple, object] = {}  # (torch?, dtype) -> flat CUDA buffer
 
     # -- dispatch ------------------------------------------------------------
     def run(self, responses: List[Response], joined: tuple) -> None:
@@ -109,7 +116,7 @@ class Executor:
         op = _SUM if sig.op == _AVERAGE else sig.op
         groups = buckets.setdefault((sig.dtype, op, sig.device), [])
         nbytes = math.prod(sig.shape) * _STORAGE[sig.dtype].itemsize
-        if not groups or sig.device != "cpu" or groups[-1][1] + nbytes > self._threshold:
+        if not groups or groups[-1][1] + nbytes > self._threshold:
             groups.append([[], 0])
         groups[-1][0].append((sig, req))
         groups[-1][1] += nbytes
@@ -153,7 +160,12 @@ class Executor:
         sig0 = group[0][0]
         op = ReduceOp.SUM if sig0.op == _AVERAGE else ReduceOp(sig0.op)
         if sig0.device != "cpu":
-            return self._allreduce_device(sig0, group[0][1], op)
+            torch_flags = {_is_torch(req.buf.flat) for _, req in group}
+            if len(group) > 1 and len(torch_flags) == 1:
+                return self._allreduce_device_group(group, op)
+            for sig, req in group:  # one tensor, or torch and CuPy mixed: one by one
+                self._allreduce_device(sig, req, op)
+            return
         if len(group) == 1 and sig0.dtype != _BF16:
             return self._allreduce_single(sig0, group[0][1], op)
         t0 = time.perf_counter()
@@ -212,6 +224,46 @@ class Executor:
         if req is not None:
             self._finish_allreduce(req, sig, dst)
         self._account([(sig, req)], sig.nbytes, (t0, t0, t1, t1))
+
+    def _device_buffer(self, like, n: int):
+        key = (_is_torch(like), str(like.dtype))
+        buf = self._device_buffers.get(key)
+        if buf is None or buf.shape[0] < n:
+            size = max(n, 2 * (0 if buf is None else buf.shape[0]))
+            buf = self._device_buffers[key] = _empty_like(like, size)
+        return buf[:n]
+
+    def _allreduce_device_group(self, group: List[Response], op: ReduceOp) -> None:
+        """CUDA tensors (every rank holds them: joined ranks refuse device ops) in one buffer."""
+        t0 = time.perf_counter()
+        sig0 = group[0][0]
+        counts = [math.prod(sig.shape) for sig, _ in group]
+        fused = self._device_buffer(group[0][1].buf.flat, sum(counts))
+        _concat([req.buf.flat for _, req in group], fused)
+        offsets, off = [], 0
+        for (sig, _), n in zip(group, counts):
+            offsets.append(off)
+            if sig.prescale != 1.0:
+                fused[off:off + n] *= sig.prescale
+            off += n
+        t1 = time.perf_counter()
+        self._comm.allreduce(fused, out=fused, op=op, name=f"fusion.{sig0.name}+{len(group) - 1}")
+        t2 = time.perf_counter()
+        for (sig, req), off, n in zip(group, offsets, counts):
+            part = fused[off:off + n]
+            post = sig.postscale / self._size if sig.op == _AVERAGE else sig.postscale
+            if req.out is not None:
+                dst = req.out.flat
+                dst[...] = part
+                result = req.out.source
+            else:
+                dst = _clone(part)
+                result = dst.reshape(sig.shape)
+            if post != 1.0:
+                dst *= post
+            self._done(req, result, None)
+        itemsize = fused.element_size() if _is_torch(fused) else fused.itemsize
+        self._account(group, sum(counts) * itemsize, (t0, t1, t2, time.perf_counter()))
 
     def _allreduce_device(self, sig: Signature, req: Optional[Request], op: ReduceOp) -> None:
         t0 = time.perf_counter()
