@@ -12,6 +12,11 @@ Wire format after the handshake (all integers big-endian):
     reply     status (1) | value length (u64) | value
 
 GET carries its timeout in milliseconds as the value; ADD carries an i64.
+
+Closing a server ends every thread it started: the listener is shut down (on
+Linux close() alone does not wake a blocked accept()), every connection is
+shut down (waking a handler in recv or in the handshake), and waiters on a
+key are woken, so a client sees its connection end rather than a silence.
 """
 from __future__ import annotations
 
@@ -22,7 +27,7 @@ import time
 from typing import Callable, Iterable, Optional
 
 from . import _auth
-from .errors import AuthenticationError, CollectiveError, CollectiveTimeout, PeerLostError
+from .errors import AuthenticationError, CollectiveError, CollectiveTimeout, PeerLostError, describe
 
 __all__ = ["Store", "InMemoryStore", "PrefixStore", "TCPStore", "StoreServer"]
 
@@ -30,6 +35,8 @@ _SET, _GET, _ADD, _DEL, _CHECK = 1, 2, 3, 4, 5
 _OK, _TIMEOUT, _ERROR = 0, 1, 2
 MAX_KEY = 4096
 MAX_VALUE = 1 << 31
+JOIN_TIMEOUT = 5.0  # how long close() waits for the server's threads to end
+_NAMES = {_SET: "set", _GET: "get", _ADD: "add", _DEL: "delete", _CHECK: "check"}
 
 
 class Store:
@@ -64,6 +71,7 @@ class InMemoryStore(Store):
     def __init__(self) -> None:
         self._data: dict = {}
         self._cond = threading.Condition()
+        self._closed = False
 
     def set(self, key, value):
         with self._cond:
@@ -72,8 +80,10 @@ class InMemoryStore(Store):
 
     def get(self, key, timeout=None):
         with self._cond:
-            if not self._cond.wait_for(lambda: key in self._data, timeout):
+            if not self._cond.wait_for(lambda: key in self._data or self._closed, timeout):
                 raise CollectiveTimeout(f"store: key {key!r} not set after {timeout:g} s")
+            if key not in self._data:
+                raise CollectiveError(f"store: closed while waiting for key {key!r}")
             return self._data[key]
 
     def add(self, key, amount):
@@ -90,6 +100,12 @@ class InMemoryStore(Store):
     def check(self, key):
         with self._cond:
             return key in self._data
+
+    def close(self) -> None:
+        """Wake every get() still waiting; they raise CollectiveError."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
 
 
 class PrefixStore(Store):
@@ -132,9 +148,25 @@ class StoreServer(InMemoryStore):
         self._secret, self._on_set = secret, on_set
         self._listener = socket.create_server((bind, port), backlog=128)
         self.address = "%s:%d" % self._listener.getsockname()[:2]
-        self._closed = False
         self.rejected = 0  # connections dropped for failing the handshake
-        threading.Thread(target=self._accept_loop, name="store-accept", daemon=True).start()
+        self._conns: set = set()
+        self._threads: set = set()
+        self._lock = threading.Lock()
+        self._spawn(self._accept_loop, "store-accept")
+
+    def _spawn(self, target, name: str, *args) -> None:
+        thread = threading.Thread(target=self._run, args=(target, args), daemon=True,
+                                  name=f"{name} {self.address}")
+        with self._lock:
+            self._threads.add(thread)
+        thread.start()
+
+    def _run(self, target, args) -> None:
+        try:
+            target(*args)
+        finally:
+            with self._lock:
+                self._threads.discard(threading.current_thread())
 
     def _accept_loop(self) -> None:
         while not self._closed:
@@ -142,22 +174,35 @@ class StoreServer(InMemoryStore):
                 conn, _ = self._listener.accept()
             except OSError:
                 return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            with self._lock:
+                if self._closed:
+                    conn.close()
+                    return
+                self._conns.add(conn)
+            self._spawn(self._serve, "store-conn", conn)
 
     def _serve(self, conn: socket.socket) -> None:
-        with conn:
-            try:
-                _auth.server_handshake(conn, self._secret, "store")
-            except AuthenticationError:
+        try:
+            with conn:
+                self._serve_authenticated(conn)
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+
+    def _serve_authenticated(self, conn: socket.socket) -> None:
+        try:
+            _auth.server_handshake(conn, self._secret, "store")
+        except AuthenticationError:
+            if not self._closed:  # a handshake cut short by close() is no attack
                 self.rejected += 1
-                return
-            conn.settimeout(None)
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            try:
-                while self._handle(conn):
-                    pass
-            except (OSError, ConnectionError, ValueError):
-                return
+            return
+        conn.settimeout(None)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            while not self._closed and self._handle(conn):
+                pass
+        except (OSError, ConnectionError, ValueError):
+            return
 
     def _handle(self, conn) -> bool:
         try:
@@ -200,11 +245,23 @@ class StoreServer(InMemoryStore):
         return _ERROR, f"unknown store command {cmd}".encode()
 
     def close(self) -> None:
-        self._closed = True
+        """Stop serving and end every thread of this server (see the module docstring)."""
+        super().close()  # sets _closed and wakes waiting gets
+        with self._lock:
+            conns, threads = list(self._conns), list(self._threads)
+        for sock in [self._listener] + conns:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         try:
             self._listener.close()
         except OSError:
             pass
+        deadline = time.monotonic() + JOIN_TIMEOUT
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(max(deadline - time.monotonic(), 0.0))
 
 
 class TCPStore(Store):
@@ -246,7 +303,10 @@ class TCPStore(Store):
                 n = struct.unpack(">Q", _auth.recv_exact(self._sock, 8))[0]
                 out = _auth.recv_exact(self._sock, n) if n else b""
             except (OSError, ConnectionError) as exc:
-                raise PeerLostError(f"lost the rendezvous store at {self.address}: {exc}") from exc
+                raise PeerLostError(describe(
+                    f"lost the rendezvous store: {exc}", op=f"store {_NAMES[cmd]} {key!r}",
+                    address=self.address,
+                    hint="was the store closed, or did the process serving it exit?")) from exc
         if status == _TIMEOUT:
             raise CollectiveTimeout(out.decode())
         if status != _OK:
@@ -270,6 +330,11 @@ class TCPStore(Store):
         return self._call(_CHECK, key) == b"1"
 
     def close(self):
+        """Close the connection; a request blocked on it in another thread fails at once."""
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)  # close() alone would not wake its recv
+        except OSError:
+            pass
         try:
             self._sock.close()
         except OSError:
