@@ -17,12 +17,32 @@ from typing import Optional
 
 import cloudpickle
 
-__all__ = ["RankFailed", "RankGroup"]
+__all__ = ["RankFailed", "RankGroup", "failure_text", "signal_name"]
 
 _COMM_ERRORS = ("PeerLostError", "CollectiveTimeout")
 _PEER = re.compile(r"peer rank (\d+)")
 GRACE = 1.0
 TAIL = 20
+
+
+def signal_name(exitcode: Optional[int]) -> Optional[str]:
+    """The name of the signal a negative exit code stands for (SIGKILL), else None."""
+    if exitcode is None or exitcode >= 0:
+        return None
+    try:
+        return signal.Signals(-exitcode).name
+    except ValueError:
+        return str(-exitcode)
+
+
+def failure_text(headline: str, who: str, remote_traceback: str, output_tail: str) -> str:
+    """A failed rank's message: the headline, then its traceback and last output, each titled."""
+    text = headline
+    if remote_traceback:
+        text += f"\n--- traceback of {who} ---\n{remote_traceback.rstrip()}"
+    if output_tail:
+        text += f"\n--- last output of {who} ---\n{output_tail.rstrip()}"
+    return text
 
 
 class RankFailed(RuntimeError):
@@ -37,17 +57,12 @@ class RankFailed(RuntimeError):
 
     def _text(self) -> str:
         who = "job" if self.rank is None else f"rank {self.rank}"
-        status = ""
-        if self.exitcode is not None and self.exitcode < 0:
-            status = f" (killed by {signal.Signals(-self.exitcode).name})"
-        elif self.exitcode:
+        killer = signal_name(self.exitcode)
+        status = f" (killed by {killer})" if killer else ""
+        if self.exitcode and not killer:
             status = f" (exit status {self.exitcode})"
-        text = f"{who} failed{status}: {self.error_type}: {self.message}"
-        if self.remote_traceback:
-            text += f"\n--- traceback of {who} ---\n{self.remote_traceback.rstrip()}"
-        if self.output_tail:
-            text += f"\n--- last output of {who} ---\n{self.output_tail.rstrip()}"
-        return text
+        return failure_text(f"{who} failed{status}: {self.error_type}: {self.message}", who,
+                            self.remote_traceback, self.output_tail)
 
     def original(self) -> Optional[BaseException]:
         """The rank's own exception object, where it could be pickled."""

@@ -19,11 +19,11 @@ import dataclasses
 import functools
 import os
 import re
-import signal
 import sys
 import uuid
 from typing import Mapping, Optional, Tuple
 
+from collectives._procs import failure_text, signal_name
 from collectives.errors import describe
 
 from . import _checks
@@ -65,12 +65,7 @@ class JobFailedError(RuntimeError):
     @property
     def signal(self) -> Optional[str]:
         """The name of the signal that killed the rank, if one did."""
-        if self.exitcode is not None and self.exitcode < 0:
-            try:
-                return signal.Signals(-self.exitcode).name
-            except ValueError:
-                return str(-self.exitcode)
-        return None
+        return signal_name(self.exitcode)
 
     def _hint(self) -> Optional[str]:
         if self.signal == "SIGKILL":
@@ -83,11 +78,7 @@ class JobFailedError(RuntimeError):
         text = describe(what, op=op, rank=self.rank, size=self.size,
                         address=f"host {self.host}" if self.host else None, hint=self._hint())
         who = "the job" if self.rank is None else f"rank {self.rank}"
-        if self.remote_traceback:
-            text += f"\n--- traceback of {who} ---\n{self.remote_traceback.rstrip()}"
-        if self.output_tail:
-            text += f"\n--- last output of {who} ---\n{self.output_tail.rstrip()}"
-        return text
+        return failure_text(text, who, self.remote_traceback, self.output_tail)
 
     def original(self) -> Optional[BaseException]:
         """The rank's own exception object, where it could be pickled and unpickled here."""
