@@ -1,120 +1,38 @@
-"""Process-global state of `horovod_spark.torch`: one communicator and one engine.
+"""Process-global state of `horovod_spark.torch`: Horovod's basics over one HorovodState.
 
-`init()` builds the communicator from the rank environment (the local
-launcher, the Spark task, mpiexec; a world of one otherwise) and starts the
-fusion engine over it; every op of this package goes through that engine, so
-ops from any thread are negotiated, fused and timed.  `shutdown()` stops the
-engine on every rank and closes the communicator.  Per-step metrics are kept
+See `horovod_spark._common` for what init() and shutdown() do; every op of
+this package goes through the state's fusion engine.  Per-step metrics are kept
 here too: `DistributedOptimizer.step` records its step time and the time it
 waited for gradients.
 """
 from __future__ import annotations
 
-import atexit
 import itertools
-import threading
 import time
 from typing import Optional
 
-import collectives
-from collectives.fusion import FusionEngine
+from .._common import HorovodState
 
 __all__ = ["init", "shutdown", "is_initialized", "engine", "communicator", "rank", "size",
            "local_rank", "local_size", "cross_rank", "cross_size", "is_homogeneous",
            "metrics", "record_step", "op_name", "start_timeline", "stop_timeline"]
 
-_lock = threading.Lock()
-_comm: Optional[collectives.Communicator] = None
-_engine: Optional[FusionEngine] = None
 _counters: dict = {}
 _steps = {"steps": 0, "step_time_s": 0.0, "last_step_time_s": 0.0, "sync_wait_s": 0.0}
-_NOT_INIT = "horovod_spark.torch has not been initialized; call hvd.init() first"
 
 
-def init(comm: Optional[collectives.Communicator] = None,
-         config: Optional[collectives.Config] = None) -> None:
-    """Join the job (a no-op while initialized).
-
-    Args:
-        comm: an existing collectives.Communicator to use instead of building one.
-        config: a collectives.Config; by default built from HOROVOD_* variables.
-    """
-    global _comm, _engine
-    with _lock:
-        if _comm is not None:
-            return
-        if comm is not None and not isinstance(comm, collectives.Communicator):
-            raise TypeError(f"init(comm=...) takes a collectives.Communicator, got "
-                            f"{type(comm).__name__}; MPI sub-communicators are not supported")
-        comm = comm if comm is not None else collectives.init(config)
-        _engine = FusionEngine(comm, config if config is not None else comm.config)
-        _comm = comm
-        _counters.clear()
-        _reset_steps()
+def _on_init() -> None:
+    _counters.clear()
+    _reset_steps()
 
 
-def shutdown() -> None:
-    """Leave the job: stop the engine on every rank and close the communicator."""
-    global _comm, _engine
-    with _lock:
-        comm, eng, _comm, _engine = _comm, _engine, None, None
-    try:
-        if eng is not None:
-            eng.shutdown()
-    finally:
-        if comm is not None:
-            comm.close()
+STATE = HorovodState("horovod_spark.torch", __name__, on_init=_on_init)
 
-
-atexit.register(shutdown)
-
-
-def is_initialized() -> bool:
-    return _comm is not None
-
-
-def communicator() -> collectives.Communicator:
-    if _comm is None:
-        raise ValueError(_NOT_INIT)
-    return _comm
-
-
-def engine() -> FusionEngine:
-    eng = _engine
-    if eng is None:
-        raise ValueError(_NOT_INIT)
-    return eng
-
-
-def rank() -> int:
-    return communicator().rank
-
-
-def size() -> int:
-    return communicator().size
-
-
-def local_rank() -> int:
-    return communicator().local_rank
-
-
-def local_size() -> int:
-    return communicator().local_size
-
-
-def cross_rank() -> int:
-    return communicator().cross_rank
-
-
-def cross_size() -> int:
-    return communicator().cross_size
-
-
-def is_homogeneous() -> bool:
-    """Whether every host runs the same number of ranks."""
-    topo = communicator().backend.topology
-    counts = [topo.hosts.count(h) for h in topo.host_order]
-    return len(set(counts)) == 1
+init, shutdown, is_initialized = STATE.init, STATE.shutdown, STATE.is_initialized
+communicator, engine = STATE.communicator, STATE.engine
+rank, size, local_rank, local_size = STATE.rank, STATE.size, STATE.local_rank, STATE.local_size
+cross_rank, cross_size, is_homogeneous = STATE.cross_rank, STATE.cross_size, STATE.is_homogeneous
+start_timeline, stop_timeline = STATE.start_timeline, STATE.stop_timeline
 
 
 def op_name(kind: str, name: Optional[str]) -> str:
@@ -123,15 +41,6 @@ def op_name(kind: str, name: Optional[str]) -> str:
         return f"{kind}.{name}"
     counter = _counters.setdefault(kind, itertools.count())
     return f"{kind}.noname.{next(counter)}"
-
-
-def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Start writing a Chrome-trace timeline (rank 0 writes it)."""
-    engine().start_timeline(file_path, mark_cycles=mark_cycles)
-
-
-def stop_timeline() -> None:
-    engine().stop_timeline()
 
 
 def _reset_steps() -> None:

@@ -1,0 +1,170 @@
+"""The Horovod basics both adapters share: one communicator, one fusion engine.
+
+Each adapter (`horovod_spark.torch`, `horovod_spark.tensorflow`) owns one
+`HorovodState` and exports its bound methods as Horovod's module-level
+functions (`hvd.init`, `hvd.rank`, ...).  `init()` builds the communicator
+from the rank environment the launcher set (the local launcher, the Spark
+task, mpiexec; a world of one otherwise) and starts the fusion engine over
+it, so ops from any thread are negotiated, fused and timed; `shutdown()`
+stops the engine on every rank and closes the communicator.
+
+A state pickles as a reference to its adapter's module, so a function that
+captured `hvd.rank` runs against the rank process's own state.  Nothing here
+imports a framework.
+"""
+from __future__ import annotations
+
+import atexit
+import importlib
+import importlib.util
+import threading
+from typing import Callable, Optional
+
+import collectives
+from collectives.fusion import FusionEngine
+
+__all__ = ["HorovodState", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built",
+           "ddl_built", "ccl_built"]
+
+
+def _state_of(module: str) -> "HorovodState":
+    return importlib.import_module(module).STATE
+
+
+class HorovodState:
+    """The communicator and engine of one adapter.
+
+    Args:
+        package: the adapter's public name, for the not-initialized message.
+        module: the module whose `STATE` is this object (what pickles refer to).
+        on_init: called under the lock when init() has made a new communicator.
+    """
+
+    def __init__(self, package: str, module: str, on_init: Optional[Callable[[], None]] = None) -> None:
+        self.package, self.module, self._on_init = package, module, on_init
+        self._lock = threading.Lock()
+        self._comm: Optional[collectives.Communicator] = None
+        self._engine: Optional[FusionEngine] = None
+        atexit.register(self.shutdown)
+
+    def __reduce__(self):
+        return _state_of, (self.module,)
+
+    @property
+    def not_initialized(self) -> str:
+        return f"{self.package} has not been initialized; call hvd.init() first"
+
+    def init(self, comm: Optional[collectives.Communicator] = None,
+             config: Optional[collectives.Config] = None) -> None:
+        """Join the job (a no-op while initialized).
+
+        Args:
+            comm: an existing collectives.Communicator to use instead of building one.
+            config: a collectives.Config; by default built from the HOROVOD_* variables.
+        """
+        with self._lock:
+            if self._comm is not None:
+                return
+            if comm is not None and not isinstance(comm, collectives.Communicator):
+                raise TypeError(f"init(comm=...) takes a collectives.Communicator, got "
+                                f"{type(comm).__name__}; MPI sub-communicators are not supported")
+            comm = comm if comm is not None else collectives.init(config)
+            self._engine = FusionEngine(comm, config if config is not None else comm.config)
+            self._comm = comm
+            if self._on_init is not None:
+                self._on_init()
+
+    def shutdown(self) -> None:
+        """Leave the job: stop the engine on every rank and close the communicator."""
+        with self._lock:
+            comm, eng, self._comm, self._engine = self._comm, self._engine, None, None
+        try:
+            if eng is not None:
+                eng.shutdown()
+        finally:
+            if comm is not None:
+                comm.close()
+
+    def is_initialized(self) -> bool:
+        return self._comm is not None
+
+    def communicator(self) -> collectives.Communicator:
+        """The communicator, or ValueError when init() has not been called."""
+        comm = self._comm
+        if comm is None:
+            raise ValueError(self.not_initialized)
+        return comm
+
+    def engine(self) -> FusionEngine:
+        """The fusion engine, or ValueError when init() has not been called."""
+        eng = self._engine
+        if eng is None:
+            raise ValueError(self.not_initialized)
+        return eng
+
+    def rank(self) -> int:
+        return self.communicator().rank
+
+    def size(self) -> int:
+        return self.communicator().size
+
+    def local_rank(self) -> int:
+        return self.communicator().local_rank
+
+    def local_size(self) -> int:
+        return self.communicator().local_size
+
+    def cross_rank(self) -> int:
+        return self.communicator().cross_rank
+
+    def cross_size(self) -> int:
+        return self.communicator().cross_size
+
+    def is_homogeneous(self) -> bool:
+        """Whether every host runs the same number of ranks."""
+        topo = self.communicator().backend.topology
+        counts = [topo.hosts.count(h) for h in topo.host_order]
+        return len(set(counts)) == 1
+
+    def start_timeline(self, file_path: str, mark_cycles: bool = False) -> None:
+        """Start writing a Chrome-trace timeline of every op to file_path (rank 0 writes it)."""
+        self.engine().start_timeline(file_path, mark_cycles=mark_cycles)
+
+    def stop_timeline(self) -> None:
+        self.engine().stop_timeline()
+
+    def mpi_enabled(self) -> bool:
+        """Whether this job's communicator runs on MPI (ranks started by mpiexec)."""
+        return self.communicator().backend_name == "mpi"
+
+    def mpi_threads_supported(self) -> bool:
+        """Ops may come from any thread: the fusion engine alone talks to the backend."""
+        self.communicator()
+        return True
+
+
+# Horovod's build queries that do not depend on the framework.
+
+def mpi_built() -> bool:
+    return importlib.util.find_spec("mpi4py") is not None
+
+
+def gloo_enabled() -> bool:
+    return False
+
+
+def gloo_built() -> bool:
+    return False
+
+
+def nccl_built() -> bool:
+    """Whether CuPy (and with it NCCL) is importable."""
+    return importlib.util.find_spec("cupy") is not None
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
