@@ -15,18 +15,40 @@ framework whose current stream orders the op.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import sys
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
 from .errors import CollectiveError, NotSupported, describe
 
 __all__ = ["select_device", "is_cuda_buffer", "check_exclusive_gpus", "gpu_addresses",
-           "DeviceBuffer", "device_buffer", "import_cupy_nccl", "NCCL_INSTALL_HINT"]
+           "DeviceBuffer", "device_buffer", "import_cupy_nccl", "import_or_refuse",
+           "NCCL_INSTALL_HINT"]
 
 _SPARK_GPU_HINT = ("give every task its own GPU: spark.task.resource.gpu.amount=1 and "
                    "spark.executor.resource.gpu.amount = tasks per executor")
 _DLPACK_CUDA = (2, 13)  # kDLCUDA, kDLCUDAManaged (3 is pinned host memory)
 NCCL_INSTALL_HINT = 'pip install cupy-cuda12x "nvidia-nccl-cu12>=2.18" (match your CUDA major version)'
+_NCCL_LIB_HINT = 'pip install "nvidia-nccl-cu12>=2.18"'
+_NO_NCCL = "CuPy cannot load NCCL (libnccl.so.2)"
+
+
+def import_or_refuse(backend: str, module: str, missing: str, hint: str,
+                     errors: Tuple[type, ...] = (ImportError,)):
+    """`module`, imported; or NotSupported saying that `backend` is not available and why.
+
+    Args:
+        missing: what is wrong when the import fails ("mpi4py is not installed").
+        errors: the exceptions that mean it failed (a library that loads a shared
+            object may raise OSError or RuntimeError too).
+    """
+    try:
+        return importlib.import_module(module)
+    except errors as exc:
+        lines = str(exc).strip().splitlines()
+        detail = f" ({'; '.join(lines[:3])})" if lines else ""
+        raise NotSupported(describe(f"backend {backend} is not available: {missing}{detail}",
+                                    hint=hint)) from exc
 
 
 def gpu_addresses(resources: Mapping[str, Any], name: str = "gpu") -> Tuple[str, ...]:
@@ -190,21 +212,10 @@ def _from_interface(x, iface: dict, what: str) -> DeviceBuffer:
 
 def import_cupy_nccl():
     """(cupy, cupy.cuda.nccl), or NotSupported saying what is missing."""
-    try:
-        import cupy
-    except ImportError as exc:
-        raise NotSupported(describe(f"backend nccl is not available: CuPy is not installed ({exc})",
-                                    hint=NCCL_INSTALL_HINT)) from exc
-    try:
-        from cupy.cuda import nccl
-    except ImportError as exc:
-        nccl, err = None, exc
-    else:
-        err = None
-    if nccl is None or not getattr(nccl, "available", False) or not hasattr(nccl, "NcclCommunicator"):
-        raise NotSupported(describe(f"backend nccl is not available: CuPy cannot load NCCL "
-                                    f"(libnccl.so.2){f' ({err})' if err else ''}",
-                                    hint='pip install "nvidia-nccl-cu12>=2.18"'))
+    cupy = import_or_refuse("nccl", "cupy", "CuPy is not installed", NCCL_INSTALL_HINT)
+    nccl = import_or_refuse("nccl", "cupy.cuda.nccl", _NO_NCCL, _NCCL_LIB_HINT)
+    if not getattr(nccl, "available", False) or not hasattr(nccl, "NcclCommunicator"):
+        raise NotSupported(describe(f"backend nccl is not available: {_NO_NCCL}", hint=_NCCL_LIB_HINT))
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:  # noqa: BLE001 - CUDARuntimeError: no driver, no device

@@ -28,6 +28,7 @@ from typing import Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .._gpu import import_or_refuse
 from ..errors import CollectiveError, NotSupported, PeerLostError, describe
 from ..types import DType, ReduceOp
 from .base import Backend, Topology
@@ -66,20 +67,10 @@ def available() -> Tuple[bool, str]:
 
 
 def _import_mpi():
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError as exc:
-        raise NotSupported(describe(f"backend mpi is not available: mpi4py is not installed ({exc})",
-                                    hint=INSTALL_HINT)) from exc
-    try:
-        from mpi4py import MPI
-    except (ImportError, RuntimeError, OSError) as exc:
-        first = str(exc).strip().splitlines()
-        raise NotSupported(describe(
-            "backend mpi is not available: mpi4py cannot load an MPI runtime"
-            + (f" ({'; '.join(first[:3])})" if first else ""),
-            hint=INSTALL_HINT + ", or point MPI4PY_LIBMPI at libmpi")) from exc
-    return MPI
+    import_or_refuse("mpi", "mpi4py", "mpi4py is not installed", INSTALL_HINT)
+    return import_or_refuse("mpi", "mpi4py.MPI", "mpi4py cannot load an MPI runtime",
+                            INSTALL_HINT + ", or point MPI4PY_LIBMPI at libmpi",
+                            (ImportError, RuntimeError, OSError))
 
 
 def _same_memory(MPI, a, b) -> bool:
