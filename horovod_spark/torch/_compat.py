@@ -1,48 +1,18 @@
-"""Horovod's build and runtime queries, answered for this package."""
+"""Horovod's build and runtime queries, answered for this package.
+
+The framework-free ones live in `horovod_spark._common`; only the CUDA / ROCm
+build questions depend on the framework.
+"""
 from __future__ import annotations
 
-import importlib.util
-
-from . import _state
+from .._common import ccl_built, ddl_built, gloo_built, gloo_enabled, mpi_built, nccl_built
+from ._state import STATE
 
 __all__ = ["mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
            "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built"]
 
-
-def mpi_enabled() -> bool:
-    """Whether this job's communicator runs on MPI (ranks started by mpiexec)."""
-    return _state.communicator().backend_name == "mpi"
-
-
-def mpi_threads_supported() -> bool:
-    """Ops may come from any thread: the fusion engine alone talks to the backend."""
-    _state.communicator()
-    return True
-
-
-def mpi_built() -> bool:
-    return importlib.util.find_spec("mpi4py") is not None
-
-
-def gloo_enabled() -> bool:
-    return False
-
-
-def gloo_built() -> bool:
-    return False
-
-
-def nccl_built() -> bool:
-    """Whether the NCCL backend can be used (CuPy with NCCL importable)."""
-    return importlib.util.find_spec("cupy") is not None
-
-
-def ddl_built() -> bool:
-    return False
-
-
-def ccl_built() -> bool:
-    return False
+mpi_enabled = STATE.mpi_enabled
+mpi_threads_supported = STATE.mpi_threads_supported
 
 
 def cuda_built() -> bool:
