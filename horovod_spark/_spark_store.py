@@ -134,9 +134,6 @@ class SparkStore(StoreServer):
             remote.delete(key)
 
     def close(self) -> None:
-        from ._output import close_listener
-
         for client in self._clients:
             client.close()
-        super().close()
-        close_listener(self._listener)  # StoreServer.close leaves accept() blocked on Linux
+        super().close()  # shuts the listener down too, so accept() wakes
