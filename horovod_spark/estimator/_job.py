@@ -81,14 +81,19 @@ class RankData:
 
 
 class Progress:
-    """Rank 0's one line per epoch, and the timings a benchmark reads: durations, and
-    wall-clock stamps of the phases (task start, spilled, rank entry, initialized,
-    agreed, ready, trained) that show where a fit's time goes."""
+    """Rank 0's one line per epoch, the progress display's records, and the timings
+    a benchmark reads: durations, and wall-clock stamps of the phases (task start,
+    spilled, rank entry, initialized, agreed, ready, trained) that show where a
+    fit's time goes."""
+
+    REPORT_EVERY = 0.1  # seconds between two progress records from the training loop
 
     def __init__(self, spec: TrainSpec, rank: int, steps: int, entered: float):
         from horovod_spark import progress
 
         self.report = progress.report  # the driver's progress bar, when it shows one
+        self.reporting = all(os.environ.get(k) == v for k, v in progress.ENABLED)
+        self.unreported, self.next_report = 0, 0.0
         self.verbose = spec.verbose if rank == 0 else 0
         self.epochs, self.steps, self.run_id = spec.epochs, steps, spec.run_id
         self.batch_size = spec.batch_size
@@ -100,9 +105,21 @@ class Progress:
                   f"{spec.val_rows[rank] if spec.val_rows else 0} validation rows, "
                   f"{steps} steps per epoch", flush=True)
 
-    def step_done(self, epoch: int, step: int, loss: float) -> None:
+    def step_done(self, epoch: int, step: int, loss: Any) -> None:
+        """One batch trained; the display hears of it at most every REPORT_EVERY
+        seconds (and always of an epoch's last batch), with the batches since the
+        last report as samples, so the loop does not pay for a report, nor for
+        reading ``loss`` (a tensor, perhaps on a GPU), per batch."""
+        if not self.reporting:
+            return
+        self.unreported += 1
+        now = time.monotonic()
+        if now < self.next_report and step + 1 < self.steps:
+            return
+        self.next_report = now + self.REPORT_EVERY
         self.report(epoch=epoch, step=step, steps=self.steps, epochs=self.epochs,
-                    samples=self.batch_size, loss=loss)
+                    samples=self.batch_size * self.unreported, loss=float(loss))
+        self.unreported = 0
 
     def epoch_done(self, epoch: int, metrics: Dict[str, float], seconds: float) -> None:
         self.train_seconds += seconds

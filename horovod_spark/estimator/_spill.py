@@ -78,12 +78,8 @@ def _convert(batch, specs: Sequence[ColumnSpec], census: Census):
         if spec.name in names:
             continue
         values = arrow_to_numpy(batch.column(spec.name), spec.dtype, spec.name)
-        if values.dtype.kind == "f":
-            bad = np.isnan(values) if values.ndim == 1 else np.isnan(values).any(axis=1)
-            if bad.any():
-                raise ValueError(f"{spec.role} column '{spec.name}' has NaN "
-                                 f"(first in row {census.train_rows + census.val_rows + int(bad.argmax())} "
-                                 f"of partition {census.partition})")
+        if values.dtype.kind == "f" and values.size and np.isnan(values.min()):
+            _refuse_nan(spec, values, census)  # min() propagates NaN: one pass, no mask
         if spec.role == VALIDATION:
             mask = values.astype(bool)
             continue
@@ -96,6 +92,13 @@ def _convert(batch, specs: Sequence[ColumnSpec], census: Census):
         arrays.append(pa.FixedSizeListArray.from_arrays(flat, width) if width else flat)
         names.append(spec.name)
     return pa.RecordBatch.from_arrays(arrays, names=names), mask
+
+
+def _refuse_nan(spec: ColumnSpec, values: np.ndarray, census: Census) -> None:
+    bad = np.isnan(values) if values.ndim == 1 else np.isnan(values).any(axis=1)
+    raise ValueError(f"{spec.role} column '{spec.name}' has NaN "
+                     f"(first in row {census.train_rows + census.val_rows + int(bad.argmax())} "
+                     f"of partition {census.partition})")
 
 
 def _split_mask(n: int, rng: np.random.Generator, fraction: float) -> Optional[np.ndarray]:

@@ -52,12 +52,15 @@ def _is_class_index(label, output) -> bool:
 
 def shape_label(label: np.ndarray, output, device: Any = None):
     """The label tensor in the form the loss takes next to ``output``."""
+    import torch
+
     t = _tensor(label)
     if device is not None:
         t = t.to(device)
     if _is_class_index(t, output):
         return t
-    t = t.float()
+    if t.dtype != torch.float32:
+        t = t.float()
     return t.view(output.shape) if t.numel() == output.numel() else t
 
 
@@ -83,6 +86,8 @@ def _per_row(loss_fn: Callable, output, label):
 def batch_loss(loss_fns: Sequence[Callable], outputs: list, labels: list,
                weights: Optional[Any] = None):
     """The batch's loss: the sum over labels, weighted per row when ``weights``."""
+    if weights is None and len(outputs) == 1:  # no `0 +` node in the graph
+        return loss_fns[0](outputs[0], labels[0])
     total = 0
     for loss_fn, output, label in zip(loss_fns, outputs, labels):
         if weights is None:

@@ -5,14 +5,23 @@ partition); the census of every shard (``_census.agree``): row counts, or the
 problem every rank returns instead of training; map the rank's shard; rebuild the user's
 model, optimizer and loss; rank 0 loads the run's newest checkpoint if there is
 one; broadcast the epoch to start from, the parameters and, after a resume, the
-optimizer state (a fresh one is the same pickle on every rank); wrap the
-optimizer in ``hvd.DistributedOptimizer``; then per epoch: the same number of
-steps on every rank (``RankData.steps``), gradients of ``backward_passes_per_step``
-batches accumulated before each allreduce and step (each scaled by 1 / that
-count, so the step sees their mean); the validation rows; one allreduce of the
-metric sums and row counts, so every rank records the same history; rank 0
-writes the checkpoint.  Rank 0 returns the trained model's bytes, the history
-and its timings; the other ranks return None.
+optimizer state (a fresh one is the same pickle on every rank); then per
+epoch: the same number of steps on every rank (``RankData.steps``), gradients
+of ``backward_passes_per_step`` batches accumulated before each allreduce and
+step (each scaled by 1 / that count, so the step sees their mean); the
+validation rows; one allreduce of the metric sums and row counts, so every rank
+records the same history; rank 0 writes the checkpoint.  Rank 0 returns the
+trained model's bytes, the history and its timings; the other ranks return None.
+
+The step's path is kept short, since a small model's step takes well under a
+millisecond.  The gradients are *bucket views*: every ``.grad`` of the
+optimizer's parameters is a view of one flat buffer per dtype and device
+(``_Gradients``), so autograd accumulates into it in place, a step averages it
+with one ``hvd.allreduce_`` (what ``hvd.DistributedOptimizer`` would do with
+one submission per parameter) and ``zero_`` clears it.  The loss and the
+metrics stay tensors until the epoch ends (``_Sums``: one host sync per
+``FLUSH`` steps at most), and the progress display hears from the loop at
+most every ``Progress.REPORT_EVERY`` seconds.
 """
 from __future__ import annotations
 
@@ -87,6 +96,7 @@ class _Setup:
     def __init__(self, spec: TrainSpec):
         user = tio.loads_model(spec.user)
         self.device = _device(spec.use_gpu)
+        self.put = None if self.device.type == "cpu" else self.device  # where batches go
         self.model = user["model"].to(self.device)
         self.optimizer = _optimizer(user["optimizer"], self.model)
         loss = user["loss"]
@@ -104,13 +114,12 @@ def _fit(hvd, spec: TrainSpec, data: RankData, entered: float) -> Optional[Dict[
     hvd.broadcast_parameters(s.model.state_dict(), root_rank=0)
     if start > 0:  # a fresh optimizer is the same pickle on every rank: nothing to send
         hvd.broadcast_optimizer_state(s.optimizer, root_rank=0)
-    opt = hvd.DistributedOptimizer(s.optimizer, named_parameters=s.model.named_parameters(),
-                                   backward_passes_per_step=spec.backward_passes_per_step)
+    grads = _Gradients(s.optimizer, hvd)
     progress = Progress(spec, rank, data.steps, entered)
     names = ["loss"] + [n for n, _ in s.metrics]
     for epoch in range(start, spec.epochs):
         began = time.perf_counter()
-        train_sums = _train_epoch(spec, s, opt, data.epoch(epoch), progress, epoch)
+        train_sums = _train_epoch(spec, s, grads, data.epoch(epoch), progress, epoch)
         val_sums = _validate(spec, s, data) if spec.has_validation else None
         metrics = _reduce(hvd, names, train_sums, val_sums, epoch)
         append_history(history, metrics)
@@ -125,58 +134,148 @@ def _fit(hvd, spec: TrainSpec, data: RankData, entered: float) -> Optional[Dict[
             "timings": progress.timings(spec.data_seconds)}
 
 
+class _Gradients:
+    """The optimizer's gradients as views of flat buffers, one per (dtype, device):
+    autograd accumulates into them in place, and a step averages them over the
+    ranks with one allreduce (a grouped one for several buffers)."""
+
+    NAME = "estimator.gradients"
+
+    def __init__(self, optimizer, hvd):
+        import torch
+
+        self.optimizer, self.hvd = optimizer, hvd
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        params = [p for p in dict.fromkeys(params) if p.requires_grad]
+        by_kind: Dict[tuple, list] = {}
+        for p in params:
+            by_kind.setdefault((p.dtype, p.device), []).append(p)
+        self.buffers, self.views = [], []
+        for (dtype, device), members in by_kind.items():
+            flat = torch.zeros(sum(p.numel() for p in members), dtype=dtype, device=device)
+            offset = 0
+            for p in members:
+                self.views.append((p, flat[offset:offset + p.numel()].view_as(p)))
+                offset += p.numel()
+            self.buffers.append(flat)
+        self.attach()
+
+    def attach(self) -> None:
+        """Point every ``.grad`` at its view (once per epoch: nothing in a step replaces one)."""
+        for p, view in self.views:
+            if p.grad is not view:
+                if p.grad is not None:
+                    view.copy_(p.grad)
+                p.grad = view
+
+    def step(self) -> None:
+        """Average the gradients over the ranks, step the optimizer, clear the gradients."""
+        if self.hvd.size() > 1:
+            if len(self.buffers) == 1:
+                self.hvd.allreduce_(self.buffers[0], op=self.hvd.Average, name=self.NAME)
+            elif self.buffers:
+                self.hvd.grouped_allreduce_(self.buffers, op=self.hvd.Average, name=self.NAME)
+        self.optimizer.step()
+        for flat in self.buffers:
+            flat.zero_()
+
+
+FLUSH = 256  # steps whose values _Sums keeps as tensors before it adds them up
+
+
+class _Sums:
+    """Row-weighted sums of per-batch values (the loss, each metric), added up on
+    their device every FLUSH batches, so the host reads them once per epoch."""
+
+    def __init__(self, width: int):
+        self.values: List[list] = [[] for _ in range(width)]
+        self.weights: List[int] = []
+        self.totals: List[Any] = [0.0] * width
+        self.rows = 0
+
+    def add(self, values: Sequence[Any], rows: int) -> None:
+        for column, value in zip(self.values, values):
+            column.append(value)
+        self.weights.append(rows)
+        if len(self.weights) >= FLUSH:
+            self._flush()
+
+    def _flush(self) -> None:
+        import torch
+
+        rows, self.weights = self.weights, []
+        if not rows:
+            return
+        for j, column in enumerate(self.values):
+            if all(isinstance(v, torch.Tensor) for v in column):
+                stacked = torch.stack([v.reshape(()) for v in column]).double()
+                weights = torch.tensor(rows, dtype=torch.float64, device=stacked.device)
+                self.totals[j] = self.totals[j] + (stacked * weights).sum()
+            else:
+                self.totals[j] = self.totals[j] + sum(float(v) * n for v, n in zip(column, rows))
+            column.clear()
+        self.rows += sum(rows)
+
+    def result(self) -> np.ndarray:
+        """[sum of value * rows for each value ..., rows]."""
+        self._flush()
+        return np.array([float(t) for t in self.totals] + [self.rows], dtype=np.float64)
+
+
 def _batch_tensors(spec: TrainSpec, s: _Setup, batch: Dict[str, np.ndarray]):
     if s.transform is not None:
         batch = s.transform(dict(batch))
-    inputs = tio.to_inputs([batch[c] for c in spec.feature_cols], s.device)
+    inputs = tio.to_inputs([batch[c] for c in spec.feature_cols], s.put)
     outputs = tio.as_outputs(s.model(*inputs))
-    labels = [tio.shape_label(batch[c], o, s.device) for c, o in zip(spec.label_cols, outputs)]
+    labels = [tio.shape_label(batch[c], o, s.put) for c, o in zip(spec.label_cols, outputs)]
     weights = None
     if spec.weight_col:
-        weights = tio.to_inputs([batch[spec.weight_col]], s.device)[0].reshape(-1)
+        weights = tio.to_inputs([batch[spec.weight_col]], s.put)[0].reshape(-1)
     return outputs, labels, weights, len(batch[spec.feature_cols[0]])
 
 
-def _train_epoch(spec: TrainSpec, s: _Setup, opt, batches, progress: Progress,
+def _train_epoch(spec: TrainSpec, s: _Setup, grads: _Gradients, batches, progress: Progress,
                  epoch: int) -> np.ndarray:
     """Sums over the epoch: [loss * rows, metric * rows ..., rows]."""
-    import torch
-
     s.model.train()
+    grads.attach()
     k = spec.backward_passes_per_step
-    sums = np.zeros(len(s.metrics) + 2)
+    sums = _Sums(len(s.metrics) + 1)
     for i, batch in enumerate(batches):
         outputs, labels, weights, n = _batch_tensors(spec, s, batch)
         loss = tio.batch_loss(s.losses, outputs, labels, weights)
         (loss / k if k > 1 else loss).backward()
         if (i + 1) % k == 0:
-            opt.step()
-            opt.zero_grad()
-        with torch.no_grad():
-            value = float(loss)
-            sums[:-1] += n * np.array([value] + _metric_values(s, outputs, labels))
-        sums[-1] += n
-        progress.step_done(epoch, i, value)
-    return sums
+            grads.step()
+        loss = loss.detach()
+        sums.add([loss] + _metric_values(s, outputs, labels) if s.metrics else [loss], n)
+        progress.step_done(epoch, i, loss)
+    return sums.result()
 
 
-def _metric_values(s: _Setup, outputs: list, labels: list) -> List[float]:
-    return [float(fn(outputs[0], labels[0]) if len(outputs) == 1 else fn(outputs, labels))
-            for _, fn in s.metrics]
+def _metric_values(s: _Setup, outputs: list, labels: list) -> List[Any]:
+    """Each metric of the batch, a tensor (kept on its device) or a number."""
+    import torch
+
+    values = []
+    with torch.no_grad():
+        for _, fn in s.metrics:
+            value = fn(outputs[0], labels[0]) if len(outputs) == 1 else fn(outputs, labels)
+            values.append(value.detach() if isinstance(value, torch.Tensor) else float(value))
+    return values
 
 
 def _validate(spec: TrainSpec, s: _Setup, data: RankData) -> np.ndarray:
     import torch
 
     s.model.eval()
-    sums = np.zeros(len(s.metrics) + 2)
+    sums = _Sums(len(s.metrics) + 1)
     with torch.no_grad():
         for batch in data.validation(spec.batch_size):
             outputs, labels, weights, n = _batch_tensors(spec, s, batch)
             loss = tio.batch_loss(s.losses, outputs, labels, weights)
-            sums[:-1] += n * np.array([float(loss)] + _metric_values(s, outputs, labels))
-            sums[-1] += n
-    return sums
+            sums.add([loss] + _metric_values(s, outputs, labels), n)
+    return sums.result()
 
 
 def _reduce(hvd, names: Sequence[str], train_sums: np.ndarray,
