@@ -2,6 +2,7 @@
 
     python benchmarks/estimator.py [--rows 1000000] [--features 32] [--epochs 3]
                                    [--batch-size 256] [--num-proc 2] [--json out.json]
+                                   [--conf KEY=VALUE ...]
 
 Data: ``rows`` x ``features`` float features (an ml Vector column, as a
 VectorAssembler makes it) and a regression label, written once to Parquet
@@ -24,7 +25,18 @@ spilling it to local Arrow; *train* = the ranks' epochs; prep % = (check +
 spill) / fit; not train % = (fit - train) / fit, which adds the rank processes
 starting (python, torch, hvd.init), the census and the result coming back.  The
 rank starts while its task spills, so spill and start overlap (see the
-timeline).  Target: prep <= 20% of fit.
+timeline).  Target: prep <= 20% of fit.  CPU seconds, where the wall times
+above mostly measure a share of 2 busy cores: *spill cpu* = the Python side of
+rank 0's spill (its thread: Arrow from the JVM, checks, writes); *jvm cpu* = the
+driver JVM during the whole fit (local mode: both tasks' reading, vectors to
+arrays and Arrow writing, plus the driver's own work); *train cpu* = rank 0's
+process (both its threads) from the first epoch to the last; *start cpu* =
+rank 0's process before its first epoch (python, torch and torch._dynamo
+imports, hvd.init, the census, the model's setup), which every rank spends
+while its task spills.
+
+    --conf KEY=VALUE   a Spark conf for the session, e.g.
+                       spark.sql.execution.arrow.maxBytesPerBatch=2147483647
 
 Horovod's TorchEstimator would run side by side when ``horovod.spark.torch``
 imports.  It does not install here: horovod 0.28.1 (the last release, 2023)
@@ -47,7 +59,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 
-def _session(num_proc: int):
+def _session(num_proc: int, confs=()):
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -56,7 +68,10 @@ def _session(num_proc: int):
              .config("spark.executorEnv.PYTHONPATH", ROOT)
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
              .config("spark.driver.memory", "4g")
-             .config("spark.sql.shuffle.partitions", str(num_proc)).getOrCreate())
+             .config("spark.sql.shuffle.partitions", str(num_proc)))
+    for conf in confs:
+        spark = spark.config(*conf.split("=", 1))
+    spark = spark.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
@@ -99,7 +114,15 @@ def _small_splits(spark, est, path: str):
         spark.conf.unset("spark.sql.files.maxPartitionBytes")
 
 
-def _row(case: str, args, est, model, seconds: float) -> dict:
+def _jvm_cpu(spark) -> float:
+    """CPU seconds of the driver's JVM so far: in local mode, the executors' too."""
+    pid = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _row(case: str, args, est, model, seconds: float, jvm_cpu: float) -> dict:
     t = est._last_timings
     prep = t["check_seconds"] + t["data_seconds"]
     train = t["train_seconds"]
@@ -108,6 +131,8 @@ def _row(case: str, args, est, model, seconds: float) -> dict:
             "rows_per_s": args.rows * args.epochs / seconds, "prep_s": prep, "start_s": start,
             "train_s": train, "prep_share": prep / seconds, "check_s": t["check_seconds"],
             "spill_s": t["data_seconds"], "not_train_share": (seconds - train) / seconds,
+            "spill_cpu_s": t.get("data_cpu_seconds"), "jvm_cpu_s": jvm_cpu,
+            "train_cpu_s": t.get("rank_cpu_seconds"), "start_cpu_s": t.get("rank_start_cpu_seconds"),
             "final_loss": model.getHistory()["loss"][-1], "phases": _phases(t["stamps"])}
 
 
@@ -153,7 +178,8 @@ def _torch_alone(args) -> dict:
     return {"case": "torch alone (1 process, a rank's rows)", "rows": n, "epochs": args.epochs,
             "fit_s": seconds, "rows_per_s": n * args.epochs / seconds, "prep_s": 0.0,
             "start_s": 0.0, "train_s": seconds, "prep_share": 0.0, "check_s": 0.0,
-            "spill_s": 0.0, "not_train_share": 0.0, "final_loss": float("nan")}
+            "spill_s": 0.0, "not_train_share": 0.0, "spill_cpu_s": 0.0, "jvm_cpu_s": 0.0,
+            "train_cpu_s": seconds, "final_loss": float("nan")}
 
 
 def _horovod_row() -> dict:
@@ -166,9 +192,14 @@ def _horovod_row() -> dict:
             "skipped": "installed, but this benchmark does not drive Petastorm yet"}
 
 
+def _num(value) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def _print(rows: list) -> None:
     head = f"{'case':<40} {'rows/s':>10} {'fit s':>7} {'check s':>8} {'spill s':>8} " \
-           f"{'train s':>8} {'prep %':>7} {'not train %':>12}"
+           f"{'train s':>8} {'prep %':>7} {'not train %':>12} {'spill cpu':>9} {'jvm cpu':>8} " \
+           f"{'train cpu':>9} {'start cpu':>9}"
     print(head)
     print("-" * len(head))
     for r in rows:
@@ -177,7 +208,9 @@ def _print(rows: list) -> None:
             continue
         print(f"{r['case']:<40} {r['rows_per_s']:>10.0f} {r['fit_s']:>7.2f} {r['check_s']:>8.2f} "
               f"{r['spill_s']:>8.2f} {r['train_s']:>8.2f} {100 * r['prep_share']:>6.1f}% "
-              f"{100 * r['not_train_share']:>11.1f}%")
+              f"{100 * r['not_train_share']:>11.1f}% {_num(r['spill_cpu_s']):>9} "
+              f"{_num(r['jvm_cpu_s']):>8} {_num(r['train_cpu_s']):>9} "
+              f"{_num(r.get('start_cpu_s')):>9}")
     for r in rows:
         if r.get("phases"):
             print(f"\ntimeline of '{r['case']}' (seconds after the stage was submitted):")
@@ -193,10 +226,12 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--num-proc", type=int, default=2)
     p.add_argument("--json", default=None)
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark conf for the session (repeatable)")
     args = p.parse_args()
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, "1")
-    spark = _session(args.num_proc)
+    spark = _session(args.num_proc, args.conf)
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-estimator-") as tmp:
         path = os.path.join(tmp, "data.parquet")
@@ -210,14 +245,19 @@ def main() -> None:
                            lambda est: _small_splits(spark, est, path)),
                           ("cached, num_proc partitions", lambda est: est.fit(cached))):
             est = _estimator(args, os.path.join(tmp, "store"))
-            began = time.perf_counter()
+            began, cpu = time.perf_counter(), _jvm_cpu(spark)
             model = run(est)
-            results.append(_row(case, args, est, model, time.perf_counter() - began))
+            seconds = time.perf_counter() - began
+            results.append(_row(case, args, est, model, seconds, _jvm_cpu(spark) - cpu))
     results.append(_torch_alone(args))
     results.append(_horovod_row())
+    import horovod_spark
+
     print(f"TorchEstimator.fit: {args.rows} rows x {args.features} float features, MLP, "
           f"{args.epochs} epochs, batch {args.batch_size}, num_proc {args.num_proc} "
-          f"(local[{args.num_proc}], {os.cpu_count()} cores)")
+          f"(local[{args.num_proc}], {os.cpu_count()} cores; code in "
+          f"{os.path.dirname(os.path.dirname(horovod_spark.__file__))}"
+          f"{'; ' + ', '.join(args.conf) if args.conf else ''})")
     _print(results)
     if args.json:
         with open(args.json, "w") as f:

@@ -79,4 +79,5 @@ def agree(allgather_object, spec, directory: str):
     return problem, dataclasses.replace(
         spec, train_rows=tuple(c["train_rows"] for c in censuses),
         val_rows=tuple(c["val_rows"] for c in censuses), data_seconds=own.get("seconds", 0.0),
+        data_cpu_seconds=own.get("cpu_seconds", 0.0),
         stamps=spec.stamps + stamps)

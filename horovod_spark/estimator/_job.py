@@ -39,6 +39,7 @@ class TrainSpec:
     train_rows: Tuple[int, ...] = ()         # per rank, from the census
     val_rows: Tuple[int, ...] = ()
     data_seconds: float = 0.0                # this task's spill time
+    data_cpu_seconds: float = 0.0            # the CPU time of its Python side
     stamps: Tuple[Tuple[str, float], ...] = ()  # wall-clock times of the task's phases
 
 
@@ -98,7 +99,9 @@ class Progress:
         self.epochs, self.steps, self.run_id = spec.epochs, steps, spec.run_id
         self.batch_size = spec.batch_size
         self.train_seconds = 0.0
-        self.started = time.perf_counter()
+        # process_time counts from the process start: python, imports, hvd.init, the setup
+        self.started, self.cpu_started = time.perf_counter(), time.process_time()
+        self.data_cpu_seconds = spec.data_cpu_seconds
         self.stamps = dict(spec.stamps, rank_entry=entered, ready=time.time())
         if spec.verbose >= 2:
             print(f"rank {rank}: {spec.train_rows[rank]} training rows, "
@@ -130,7 +133,10 @@ class Progress:
 
     def timings(self, data_seconds: float) -> Dict[str, Any]:
         return {"data_seconds": data_seconds, "train_seconds": self.train_seconds,
+                "data_cpu_seconds": self.data_cpu_seconds,
                 "rank_seconds": time.perf_counter() - self.started,
+                "rank_cpu_seconds": time.process_time() - self.cpu_started,
+                "rank_start_cpu_seconds": self.cpu_started,
                 "stamps": dict(self.stamps, trained=time.time())}
 
 
