@@ -21,13 +21,16 @@ int index_of(const std::vector<int>& v, int x) {
 }
 
 bool is_member(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
+constexpr uint64_t kNoticeBudgetNs = 2000000000ull;  // a failing rank waits at most this for slow sockets
 }  // namespace
 
 Context::Context(ContextOptions opt, std::vector<int> fds, std::unique_ptr<Segment> seg)
     : opt_(std::move(opt)) {
+  agree_.rank = opt_.rank;
   links_.resize(opt_.size);
   for (int r = 0; r < opt_.size; ++r) {
-    links_[r] = Link{r < static_cast<int>(fds.size()) ? fds[r] : -1, r};
+    links_[r] = Link{r < static_cast<int>(fds.size()) ? fds[r] : -1, r, 0};
     if (links_[r].fd >= 0) (void)make_nonblocking(links_[r].fd);
   }
   std::vector<int> seen_hosts;
@@ -48,7 +51,9 @@ Context::Context(ContextOptions opt, std::vector<int> fds, std::unique_ptr<Segme
   }
 }
 
-Status Context::check_usable() const {
+Status Context::check_usable() {
+  ++agree_.seq;
+  agree_.tag = OpTag();
   if (failed_ != Code::kOk)
     return HVS_ERROR(failed_, "the communicator is unusable after an earlier error: " + failure_,
                      failed_peer_);
@@ -63,23 +68,27 @@ Status Context::fail(Status st) {
     failure_ = st.what();
     failed_peer_ = st.peer();
     if (shm_) shm_->mark_aborted(st.code());
+    if (st.code() == Code::kMismatch)  // peers waiting for our header get this instead
+      send_notices(links_, make_notice(agree_, st), agree_.seq,
+                   std::min<uint64_t>(seconds_to_ns(opt_.timeout_s), kNoticeBudgetNs));
   }
   return st;
 }
 
 void Context::tag(const OpTag& t) {
+  agree_.tag = t;
   if (shm_) shm_->set_op(t);
 }
 
 TcpGroup Context::tcp_group(const std::vector<int>& members) {
   return TcpGroup{members, index_of(members, opt_.rank), &links_, opt_.tcp_chunk,
-                  seconds_to_ns(opt_.timeout_s), &staging_};
+                  seconds_to_ns(opt_.timeout_s), &staging_, &agree_};
 }
 
 Status Context::hier_allreduce(const void* src, void* dst, size_t count, size_t elem, ReduceFn fn) {
   if (shm_)
     HVS_CHECK(shm_allreduce(*shm_, src, dst, count, elem, fn, 0, opt_.small_bytes));
-  else if (dst != src)
+  else if (dst != src && count)
     std::memmove(dst, src, count * elem);
   if (is_member(leaders_, opt_.rank)) {
     TcpGroup g = tcp_group(leaders_);
@@ -96,7 +105,9 @@ Status Context::allreduce(const void* src, void* dst, size_t count, DType dt, Re
     return HVS_ERROR(Code::kNotSupported, std::string("reduce op ") + op_name(op) + " on " +
                                               dtype_name(dt) + " is not supported natively");
   const size_t elem = itemsize(dt);
-  if (count == 0) return Status();
+  // Nothing to move.  TCP-only ranks still exchange headers (ring.cc); where
+  // shared memory is in the path, the op is skipped on every rank alike.
+  if (count == 0 && static_cast<int>(leaders_.size()) != opt_.size) return Status();
   if (opt_.size == 1) {
     if (dst != src) std::memmove(dst, src, count * elem);
     return Status();
@@ -220,8 +231,10 @@ Status Context::alltoall(const void* src, const std::vector<size_t>& send_counts
     if (opt_.hosts[r] != opt_.hosts[opt_.rank]) send[r] = send_span(r), recv[r] = recv_span(r);
   std::vector<int> everyone(opt_.size);
   std::iota(everyone.begin(), everyone.end(), 0);
+  std::vector<bool> remote(opt_.size);
+  for (int r = 0; r < opt_.size; ++r) remote[r] = opt_.hosts[r] != opt_.hosts[opt_.rank];
   TcpGroup g = tcp_group(everyone);
-  HVS_CHECK(pairwise_alltoall(g, send, recv));
+  HVS_CHECK(pairwise_alltoall(g, send, recv, remote, elem));
   return Status();
 }
 

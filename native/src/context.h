@@ -10,7 +10,9 @@
 //                     between leaders, shm broadcast from the leader.
 // After any failed op the context is broken: it marks itself aborted in the
 // segment (so local peers fail fast too) and refuses every later op with the
-// first error.
+// first error.  A mismatch (ranks in different ops, or the same op with other
+// sizes) is also sent as a notice to the TCP peers (tcp/header.h), so remote
+// ranks fail with it instead of waiting for their timeout.
 #pragma once
 
 #include <sys/types.h>
@@ -63,8 +65,8 @@ class Context {
   bool hierarchical() const { return shm_ && !leaders_.empty(); }
 
  private:
-  Status check_usable() const;
-  void tag(const OpTag& t);  // what this op is, for the shm agreement check
+  Status check_usable();       // also starts the op: every op counts (Agreement::seq)
+  void tag(const OpTag& t);  // what this op is, for the shm and TCP agreement checks
   TcpGroup tcp_group(const std::vector<int>& members);
   Status hier_allreduce(const void* src, void* dst, size_t count, size_t elem, ReduceFn fn);
 
@@ -74,6 +76,7 @@ class Context {
   std::vector<int> leaders_;  // lowest rank of each host, if more than one host
   std::unique_ptr<ShmGroup> shm_;
   std::vector<char> staging_;
+  Agreement agree_;  // this op, for the TCP headers
   Code failed_ = Code::kOk;
   std::string failure_;
   int failed_peer_ = -1;

@@ -187,17 +187,10 @@ def test_a_named_tensor_whose_shape_or_dtype_differs_across_ranks_is_named_on_ev
     assert all(w in messages[0] for w in want), messages
 
 
-PLAIN_MISMATCH = ("Communicator.allreduce with counts that differ across ranks is not detected "
-                  "on TCP: the longer rank fails with a PeerLostError 'connection reset' and the "
-                  "shorter one succeeds (shared memory tags every step buffer with the op and "
-                  "detects it; fix for TCP: carry (op, dtype, count) in the first TCP item of "
-                  "each op and fail with kMismatch naming both ranks' values)")
-
-
-@pytest.mark.parametrize("transport", [
-    "shm", pytest.param("tcp", marks=pytest.mark.xfail(strict=True, reason=PLAIN_MISMATCH))])
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_a_plain_allreduce_whose_count_differs_across_ranks_fails_on_every_rank(fault, transport):
     out = kit.run_local_job(work.plain_mismatch, 2,
                             env=fault.env(tcp=transport == "tcp"), outdir=fault.outdir)
     assert out.error is None, out.error
-    assert all("10" in m and "12" in m for m in out.value), out.value
+    assert all("disagree" in m and "10" in m and "12" in m for m in out.value), out.value

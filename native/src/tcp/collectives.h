@@ -4,6 +4,11 @@
 //   left, right  the ring neighbours, member me - 1 and me + 1
 //   segment  the part of the buffer a ring step moves; a segment is a list
 //            of byte spans, cut into chunks of at most `chunk` bytes
+// Every transfer carries the op headers of header.h: the ring and the chain
+// send them both ways, alltoall and the barrier (where every pair talks in
+// both directions anyway) with the data.  An op of zero bytes still
+// exchanges its headers, so a rank with nothing to move cannot pass a peer
+// that has something.
 #pragma once
 
 #include <cstddef>
@@ -11,6 +16,7 @@
 
 #include "../reduce.h"
 #include "../shm/collectives.h"
+#include "header.h"
 #include "transfer.h"
 
 namespace hvs {
@@ -22,10 +28,22 @@ struct TcpGroup {
   size_t chunk;                   // bytes per item
   uint64_t timeout_ns;
   std::vector<char>* staging;     // grown to `chunk` on demand
+  Agreement* agree;               // this op (header.h); never null
 
   int size() const { return static_cast<int>(members.size()); }
-  const Link* link(int member) const { return &(*links)[members[member]]; }
+  Link* link(int member) const { return &(*links)[members[member]]; }
 };
+
+// Options of a transfer of this group's op: headers, and the group's other
+// links watched for notices.
+inline TransferOptions group_options(TcpGroup& g, bool both_ways) {
+  TransferOptions opt{g.timeout_ns};
+  opt.agree = g.agree;
+  opt.both_ways = both_ways;
+  opt.links = g.links;
+  opt.members = &g.members;
+  return opt;
+}
 
 // dst = reduce over members of src (pipelined ring: reduce-scatter, allgather).
 Status ring_allreduce(TcpGroup& g, const char* src, char* dst, size_t count, size_t elem,
@@ -44,12 +62,14 @@ Status ring_reducescatter(TcpGroup& g, const char* src, char* dst, char* tmp,
 // Member 0 is the root; the others receive buf, forwarding chunks along the chain.
 Status chain_broadcast(TcpGroup& g, char* buf, size_t len);
 
-// Member me sends send[j] to member j and receives recv[j] from it; skipped
-// pairs have null spans.  Pairwise exchange: at step s, send to me + s and
-// receive from me - s.
-Status pairwise_alltoall(TcpGroup& g, const std::vector<Span>& send, const std::vector<Span>& recv);
+// Member me sends send[j] to member j and receives recv[j] from it, for the
+// members j where remote[j] (the others talk through shared memory).
+// Pairwise exchange: at step s, send to me + s and receive from me - s.  The
+// headers carry the element count (of `elem` bytes) of their link.
+Status pairwise_alltoall(TcpGroup& g, const std::vector<Span>& send, const std::vector<Span>& recv,
+                         const std::vector<bool>& remote, size_t elem);
 
-// Dissemination barrier: round k sends a byte to me + 2^k, receives from me - 2^k.
+// Dissemination barrier: round k sends a header to me + 2^k, receives one from me - 2^k.
 Status tcp_barrier(TcpGroup& g);
 
 }  // namespace hvs

@@ -2,11 +2,14 @@
 //
 // Broadcast: member 0 (the root) sends the buffer in chunks to member 1,
 // which forwards each chunk to member 2 as soon as it has it, and so on: a
-// pipelined chain, one link per member, bandwidth of one link.
+// pipelined chain, one link per member, bandwidth of one link.  The headers
+// back (header.h) are passed up the chain: a member sends its own once it
+// has checked both neighbours' (the last one at once), so the root's return
+// means every member agreed.
 // Alltoall: P - 1 steps; at step s member me sends to me + s and receives
 // from me - s at once, so every pair exchanges exactly once and no member
 // waits on two peers at the same time.
-// Barrier: ceil(log2 P) rounds of one byte each way.
+// Barrier: ceil(log2 P) rounds; the op header is the whole message.
 #include <algorithm>
 
 #include "collectives.h"
@@ -19,7 +22,7 @@ int mod(int a, int p) { return ((a % p) + p) % p; }
 
 Status chain_broadcast(TcpGroup& g, char* buf, size_t len) {
   const int p = g.size(), me = g.me;
-  if (p == 1 || len == 0) return Status();
+  if (p == 1) return Status();
   std::vector<SendItem> sends;
   std::vector<RecvItem> recvs;
   for (size_t off = 0; off < len; off += g.chunk) {
@@ -27,36 +30,40 @@ Status chain_broadcast(TcpGroup& g, char* buf, size_t len) {
     if (me > 0) recvs.push_back({buf + off, n, nullptr, nullptr});
     if (me < p - 1) sends.push_back({buf + off, n, me > 0 ? static_cast<long>(recvs.size()) - 1 : -1});
   }
-  TransferOptions opt{g.timeout_ns};
+  TransferOptions opt = group_options(g, true);
+  opt.chain_ack = true;  // the root returns once every member has checked its neighbours
   HVS_CHECK(transfer(me < p - 1 ? g.link(me + 1) : nullptr, sends, me > 0 ? g.link(me - 1) : nullptr,
                      recvs, opt));
   return Status();
 }
 
-Status pairwise_alltoall(TcpGroup& g, const std::vector<Span>& send, const std::vector<Span>& recv) {
+Status pairwise_alltoall(TcpGroup& g, const std::vector<Span>& send, const std::vector<Span>& recv,
+                         const std::vector<bool>& remote, size_t elem) {
   const int p = g.size(), me = g.me;
-  TransferOptions opt{g.timeout_ns};
+  TransferOptions opt = group_options(g, false);
+  OpTag out = g.agree->tag, in = g.agree->tag;  // with the counts of one link
+  opt.send_tag = &out, opt.recv_tag = &in, opt.link_counts = true;
   for (int s = 1; s < p; ++s) {
     int to = mod(me + s, p), from = mod(me - s, p);
+    if (!remote[to] && !remote[from]) continue;
     std::vector<SendItem> sends;
     std::vector<RecvItem> recvs;
-    if (send[to].ptr && send[to].len) sends.push_back({send[to].ptr, send[to].len, -1});
-    if (recv[from].ptr && recv[from].len) recvs.push_back({recv[from].ptr, recv[from].len, nullptr, nullptr});
-    if (sends.empty() && recvs.empty()) continue;
-    HVS_CHECK(transfer(g.link(to), sends, g.link(from), recvs, opt));
+    if (remote[to] && send[to].len) sends.push_back({send[to].ptr, send[to].len, -1});
+    if (remote[from] && recv[from].len) recvs.push_back({recv[from].ptr, recv[from].len, nullptr, nullptr});
+    out.count = send[to].len / elem, in.count = recv[from].len / elem;
+    HVS_CHECK(transfer(remote[to] ? g.link(to) : nullptr, sends, remote[from] ? g.link(from) : nullptr,
+                       recvs, opt));
   }
   return Status();
 }
 
 Status tcp_barrier(TcpGroup& g) {
   const int p = g.size(), me = g.me;
-  char out = 1, in = 0;
-  TransferOptions opt{g.timeout_ns};
-  for (int dist = 1; dist < p; dist *= 2) {
-    std::vector<SendItem> sends{{&out, 1, -1}};
-    std::vector<RecvItem> recvs{{&in, 1, nullptr, nullptr}};
-    HVS_CHECK(transfer(g.link(mod(me + dist, p)), sends, g.link(mod(me - dist, p)), recvs, opt));
-  }
+  const std::vector<SendItem> sends;
+  const std::vector<RecvItem> recvs;
+  for (int dist = 1; dist < p; dist *= 2)
+    HVS_CHECK(transfer(g.link(mod(me + dist, p)), sends, g.link(mod(me - dist, p)), recvs,
+                       group_options(g, false)));
   return Status();
 }
 

@@ -41,7 +41,8 @@ size_t chunk_of(const TcpGroup& g, size_t elem) {
 
 TransferOptions options(TcpGroup& g, ReduceFn fn, size_t elem) {
   if (g.staging->size() < g.chunk + elem) g.staging->resize(g.chunk + elem);
-  TransferOptions opt{g.timeout_ns, fn, elem, g.staging->data()};
+  TransferOptions opt = group_options(g, true);
+  opt.fn = fn, opt.elem = elem, opt.staging = g.staging->data();
   return opt;
 }
 
@@ -50,7 +51,7 @@ TransferOptions options(TcpGroup& g, ReduceFn fn, size_t elem) {
 Status ring_allreduce(TcpGroup& g, const char* src, char* dst, size_t count, size_t elem,
                       ReduceFn fn) {
   const int p = g.size(), me = g.me;
-  if (p == 1 || count == 0) {
+  if (p == 1) {
     if (dst != src) std::copy(src, src + count * elem, dst);
     return Status();
   }

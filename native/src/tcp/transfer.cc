@@ -1,9 +1,11 @@
-// One send stream and one receive stream over TCP, overlapped; see transfer.h.
+// One send stream and one receive stream over TCP, overlapped, with the op
+// headers of header.h in front; see transfer.h.
 #include "transfer.h"
 
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -11,57 +13,155 @@
 #include <string>
 
 #include "../clock.h"
+#include "header.h"
 
 namespace hvs {
 
 namespace {
+
+constexpr int kIov = 4;  // a header and the first items go out in one sendmsg
+constexpr uint64_t kGraceNs = 300000000;  // for a notice, after a lost link (see explain)
 
 struct Stream {
   size_t item = 0;  // index of the item in progress
   size_t done = 0;  // bytes of it already moved
 };
 
-// Returns bytes moved (0 when the socket would block).
-Status send_some(const Link& to, const std::vector<SendItem>& items, Stream& s, size_t recvd,
-                 size_t* moved) {
-  *moved = 0;
+// One header of this transfer on one link, ours going out or the peer's
+// coming in.  `link` is null when there is none.
+struct HeaderIo {
+  Link* link = nullptr;
+  Wire wire;
+  size_t done = 0;
+  bool pending() const { return link && done < sizeof(Wire); }
+  char* at() { return reinterpret_cast<char*>(&wire) + done; }
+  size_t left() const { return sizeof(Wire) - done; }
+};
+
+struct Headers {
+  HeaderIo out_to, out_from;  // ours: on `to` before the payload; on `from` (both ways)
+  HeaderIo in_from, in_to;    // theirs: from `from` before the payload; from `to` (both ways)
+  bool pending() const { return out_to.pending() || out_from.pending() || in_from.pending() || in_to.pending(); }
+};
+
+Status lost(const char* what, int peer) {
+  return HVS_ERROR(Code::kPeerLost, std::string(what) + " failed: " + std::strerror(errno), peer)
+      .with_hint("did that process exit or fail?");
+}
+
+Status closed(int peer) {
+  return HVS_ERROR(Code::kPeerLost, "connection closed by the peer", peer)
+      .with_hint("did that process exit or fail?");
+}
+
+bool would_block() { return errno == EAGAIN || errno == EWOULDBLOCK; }
+
+// Hands the socket our header remainder and the ready items (up to kIov
+// pieces) in one sendmsg; *sent is what it took.
+Status send_once(Link& to, HeaderIo& hdr, const std::vector<SendItem>& items, const Stream& s,
+                 size_t recvd, size_t* offered, size_t* sent) {
+  iovec iov[kIov];
+  int n = 0;
+  *offered = *sent = 0;
+  if (hdr.pending()) iov[n++] = iovec{hdr.at(), hdr.left()};
+  size_t done = s.done;
+  for (size_t i = s.item; i < items.size() && n < kIov; ++i, done = 0) {
+    const SendItem& it = items[i];
+    if (it.dep >= 0 && static_cast<size_t>(it.dep) >= recvd) break;  // not arrived yet
+    if (it.len > done) iov[n++] = iovec{const_cast<char*>(it.ptr) + done, it.len - done};
+  }
+  for (int i = 0; i < n; ++i) *offered += iov[i].iov_len;
+  if (n == 0) return Status();
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = n;
+  ssize_t r;
+  do r = ::sendmsg(to.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  while (r < 0 && errno == EINTR);
+  if (r < 0) return would_block() ? Status() : lost("send", to.peer);
+  *sent = static_cast<size_t>(r);
+  return Status();
+}
+
+// Moves the stream past `n` sent bytes (header first) and past empty ready items.
+void advance(HeaderIo& hdr, const std::vector<SendItem>& items, Stream& s, size_t recvd, size_t n) {
+  if (hdr.pending()) {
+    size_t k = std::min(n, hdr.left());
+    hdr.done += k, n -= k;
+  }
   while (s.item < items.size()) {
     const SendItem& it = items[s.item];
-    if (it.dep >= 0 && static_cast<size_t>(it.dep) >= recvd) return Status();  // not arrived yet
-    if (s.done < it.len) {
-      ssize_t n = ::send(to.fd, it.ptr + s.done, it.len - s.done, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return Status();
-        if (errno == EINTR) continue;
-        return HVS_ERROR(Code::kPeerLost, std::string("send failed: ") + std::strerror(errno), to.peer)
-            .with_hint("did that process exit or fail?");
-      }
-      s.done += static_cast<size_t>(n);
-      *moved += static_cast<size_t>(n);
-      if (s.done < it.len) continue;
-    }
-    ++s.item;
-    s.done = 0;
+    if (it.dep >= 0 && static_cast<size_t>(it.dep) >= recvd) return;
+    size_t k = std::min(n, it.len - s.done);
+    s.done += k, n -= k;
+    if (s.done < it.len) return;
+    ++s.item, s.done = 0;
   }
+}
+
+Status send_some(Link& to, HeaderIo& hdr, const std::vector<SendItem>& items, Stream& s, size_t recvd,
+                 uint64_t seq, size_t* moved) {
+  *moved = 0;
+  for (;;) {
+    size_t offered, sent;
+    HVS_CHECK(send_once(to, hdr, items, s, recvd, &offered, &sent));
+    if (sent) to.sent_seq = seq;
+    advance(hdr, items, s, recvd, sent);
+    *moved += sent;
+    if (sent == 0 || sent < offered) return Status();  // nothing ready, or the socket is full
+  }
+}
+
+// Reads the peer's header; checks it once complete.  When the first payload
+// item lands in staging (a reduce), its start comes in the same recvmsg: it
+// is reduced only later, in recv_some, after the check.
+Status recv_header(HeaderIo& h, const TransferOptions& opt, size_t* moved, Stream* s = nullptr,
+                   const RecvItem* first = nullptr) {
+  if (!h.pending()) return Status();
+  iovec iov[2] = {iovec{h.at(), h.left()}, iovec{nullptr, 0}};
+  const bool staged = first && first->own && s->done < first->len;
+  if (staged) iov[1] = iovec{opt.staging + s->done, first->len - s->done};
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = staged ? 2 : 1;
+  ssize_t n;
+  do n = ::recvmsg(h.link->fd, &msg, MSG_DONTWAIT);
+  while (n < 0 && errno == EINTR);
+  if (n == 0) return closed(h.link->peer);
+  if (n < 0) return would_block() ? Status() : lost("recv", h.link->peer);
+  size_t k = std::min(static_cast<size_t>(n), h.left());
+  h.done += k;
+  if (staged) s->done += static_cast<size_t>(n) - k;
+  *moved += static_cast<size_t>(n);
+  if (h.pending()) return Status();
+  const OpTag& want = opt.recv_tag ? *opt.recv_tag : opt.agree->tag;
+  return check_header(h.wire, want, opt.link_counts, *opt.agree, h.link->peer);
+}
+
+Status send_header(HeaderIo& h, uint64_t seq, size_t* moved) {
+  if (!h.pending()) return Status();
+  ssize_t n;
+  do n = ::send(h.link->fd, h.at(), h.left(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  while (n < 0 && errno == EINTR);
+  if (n < 0) return would_block() ? Status() : lost("send", h.link->peer);
+  if (n > 0) h.link->sent_seq = seq;
+  h.done += static_cast<size_t>(n);
+  *moved += static_cast<size_t>(n);
   return Status();
 }
 
 Status recv_some(const Link& from, const std::vector<RecvItem>& items, Stream& s,
                  const TransferOptions& opt, size_t* moved) {
-  *moved = 0;
   while (s.item < items.size()) {
     const RecvItem& it = items[s.item];
     char* where = it.own ? opt.staging : it.ptr;
     if (s.done < it.len) {
       ssize_t n = ::recv(from.fd, where + s.done, it.len - s.done, MSG_DONTWAIT);
-      if (n == 0)
-        return HVS_ERROR(Code::kPeerLost, "connection closed by the peer", from.peer)
-            .with_hint("did that process exit or fail?");
+      if (n == 0) return closed(from.peer);
       if (n < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return Status();
+        if (would_block()) return Status();
         if (errno == EINTR) continue;
-        return HVS_ERROR(Code::kPeerLost, std::string("recv failed: ") + std::strerror(errno), from.peer)
-            .with_hint("did that process exit or fail?");
+        return lost("recv", from.peer);
       }
       s.done += static_cast<size_t>(n);
       *moved += static_cast<size_t>(n);
@@ -74,51 +174,176 @@ Status recv_some(const Link& from, const std::vector<RecvItem>& items, Stream& s
   return Status();
 }
 
-Status wait_ready(const Link* to, bool want_send, const Link* from, bool want_recv,
-                  uint64_t left_ns) {
-  pollfd fds[2];
-  int n = 0;
-  if (want_send) fds[n++] = pollfd{to->fd, POLLOUT, 0};
-  if (want_recv) {
-    if (n == 1 && fds[0].fd == from->fd)
-      fds[0].events |= POLLIN;
-    else
-      fds[n++] = pollfd{from->fd, POLLIN, 0};
+Headers plan(Link* to, Link* from, const TransferOptions& opt) {
+  Headers h;
+  if (!opt.agree) return h;
+  Wire out = make_header(opt.send_tag ? *opt.send_tag : opt.agree->tag, opt.agree->seq, opt.link_counts);
+  if (to) h.out_to.link = to, h.out_to.wire = out;
+  if (from) h.in_from.link = from;
+  if (opt.both_ways) {
+    if (from && from != to) h.out_from.link = from, h.out_from.wire = out;
+    if (to && to != from) h.in_to.link = to;
   }
-  int ms = static_cast<int>(left_ns / 1000000) + 1;
-  int r = ::poll(fds, n, ms);
-  if (r < 0 && errno != EINTR) return HVS_ERROR(Code::kSystem, std::string("poll failed: ") + std::strerror(errno));
-  return Status();  // errors on the sockets surface from the next send/recv
+  return h;
+}
+
+// The group's links this transfer does not read: notices may come there.
+std::vector<Link*> watch_list(Link* to, Link* from, const TransferOptions& opt) {
+  std::vector<Link*> w;
+  if (!opt.agree || !opt.links || !opt.members) return w;
+  for (int r : *opt.members) {
+    Link* l = &(*opt.links)[r];
+    if (r == opt.agree->rank || l->fd < 0 || l == from || (opt.both_ways && l == to)) continue;
+    w.push_back(l);
+  }
+  return w;
+}
+
+struct Run {
+  Link* to;
+  const std::vector<SendItem>& sends;
+  Link* from;
+  const std::vector<RecvItem>& recvs;
+  const TransferOptions& opt;
+  uint64_t seq;
+  Stream out, in;
+  Headers h;
+  std::vector<Link*> watch;
+  std::vector<pollfd> fds;
+
+  bool sending() const { return out.item < sends.size() || h.out_to.pending(); }
+  bool send_ready() const {
+    if (h.out_to.pending()) return true;
+    return out.item < sends.size() && (sends[out.item].dep < 0 || static_cast<size_t>(sends[out.item].dep) < in.item);
+  }
+  bool receiving() const { return in.item < recvs.size() || h.in_from.pending(); }
+  bool ack_ready() const { return !opt.chain_ack || (!h.in_to.pending() && !h.in_from.pending()); }
+  bool done() const { return !sending() && !receiving() && !h.pending(); }
+};
+
+Status progress(Run& r, size_t* moved) {
+  if (r.ack_ready()) HVS_CHECK(send_header(r.h.out_from, r.seq, moved));
+  if (r.sending()) HVS_CHECK(send_some(*r.to, r.h.out_to, r.sends, r.out, r.in.item, r.seq, moved));
+  HVS_CHECK(recv_header(r.h.in_to, r.opt, moved));
+  HVS_CHECK(recv_header(r.h.in_from, r.opt, moved, &r.in, r.in.item < r.recvs.size() ? &r.recvs[r.in.item] : nullptr));
+  if (r.h.in_from.pending() || r.in.item >= r.recvs.size()) return Status();
+  const size_t before = r.in.item;
+  HVS_CHECK(recv_some(*r.from, r.recvs, r.in, r.opt, moved));
+  if (r.in.item != before && r.sending())  // forward at once what has just arrived
+    HVS_CHECK(send_some(*r.to, r.h.out_to, r.sends, r.out, r.in.item, r.seq, moved));
+  return Status();
+}
+
+void want(std::vector<pollfd>& fds, const Link* l, short events) {
+  if (!l || !events) return;
+  for (pollfd& p : fds)
+    if (p.fd == l->fd) {
+      p.events |= events;
+      return;
+    }
+  fds.push_back(pollfd{l->fd, events, 0});
+}
+
+// A watched link is readable: a notice, a contradicting header, or the start
+// of a later step or op (then this transfer stops watching it).
+Status look(Link* l, const TransferOptions& opt, bool* keep) {
+  Wire w;
+  ssize_t n = ::recv(l->fd, &w, sizeof w, MSG_PEEK | MSG_DONTWAIT);
+  *keep = n < 0 ? (would_block() || errno == EINTR) : n > 0 && n < static_cast<ssize_t>(sizeof w);
+  if (n < static_cast<ssize_t>(sizeof w)) return Status();  // the rest is on its way; or the
+  return check_watched(w, opt.link_counts, *opt.agree, l->peer, keep);  // ops reading it will fail
+}
+
+// After a poll: looks at the watched links that became readable.
+Status look_all(Run& r) {
+  for (size_t i = 0; i < r.watch.size();) {
+    short ev = 0;
+    for (const pollfd& p : r.fds)
+      if (p.fd == r.watch[i]->fd) ev = p.revents;
+    bool keep = true;
+    if (ev & (POLLIN | POLLHUP | POLLERR)) HVS_CHECK(look(r.watch[i], r.opt, &keep));
+    if (keep)
+      ++i;
+    else
+      r.watch.erase(r.watch.begin() + static_cast<long>(i));
+  }
+  return Status();
+}
+
+Status wait(Run& r, uint64_t left_ns) {
+  r.fds.clear();
+  want(r.fds, r.to, (r.send_ready() ? POLLOUT : 0) | (r.h.in_to.pending() ? POLLIN : 0));
+  want(r.fds, r.from, (r.receiving() ? POLLIN : 0) | (r.h.out_from.pending() && r.ack_ready() ? POLLOUT : 0));
+  for (Link* l : r.watch) want(r.fds, l, POLLIN);
+  int n = ::poll(r.fds.data(), r.fds.size(), static_cast<int>(left_ns / 1000000) + 1);
+  if (n < 0 && errno != EINTR) return HVS_ERROR(Code::kSystem, std::string("poll failed: ") + std::strerror(errno));
+  if (n > 0) HVS_CHECK(look_all(r));
+  return Status();  // errors on the read and written sockets surface from the next send/recv
+}
+
+// A header that is still due from a link, during explain: a notice there
+// is the cause; a lost link or a plain header leaves it.
+Status recheck(HeaderIo& h, const TransferOptions& opt) {
+  size_t moved = 0;
+  Status st = recv_header(h, opt, &moved);
+  if (st.code() == Code::kMismatch) return st;
+  if (!st.ok()) h.link = nullptr;
+  return Status();
+}
+
+// A link of this transfer is lost.  A peer that found a mismatch closes its
+// links soon after telling the others (its process exits): a notice, or a
+// contradicting header, that comes within a short grace where a header is
+// still due or on a watched link is the cause to report.
+Status explain(Run& r, Status lost) {
+  const uint64_t end = now_ns() + std::min(kGraceNs, r.opt.timeout_ns);
+  while (lost.code() == Code::kPeerLost) {
+    r.fds.clear();
+    if (r.h.in_to.pending()) want(r.fds, r.to, POLLIN);
+    if (r.h.in_from.pending()) want(r.fds, r.from, POLLIN);
+    for (Link* l : r.watch) want(r.fds, l, POLLIN);
+    uint64_t now = now_ns();
+    if (r.fds.empty() || now >= end) break;
+    if (::poll(r.fds.data(), r.fds.size(), static_cast<int>((end - now) / 1000000) + 1) <= 0) continue;
+    HVS_CHECK(recheck(r.h.in_to, r.opt));
+    HVS_CHECK(recheck(r.h.in_from, r.opt));
+    HVS_CHECK(look_all(r));
+  }
+  return lost;
+}
+
+// Waiting for a peer's bytes is named before a peer that does not read ours.
+Status stalled(const Run& r) {
+  const Link* peer = r.to;
+  bool receiving = true;
+  if (r.receiving())
+    peer = r.from;
+  else if (!r.h.in_to.pending())
+    receiving = false, peer = r.h.out_from.pending() ? r.from : r.to;
+  return HVS_ERROR(Code::kTimeout,
+                   receiving ? "no data from the peer" : "the peer is not reading what this rank sends",
+                   peer->peer)
+      .with_hint("is that process alive, and in the same collective?");
 }
 
 }  // namespace
 
-Status transfer(const Link* to, const std::vector<SendItem>& sends, const Link* from,
+Status transfer(Link* to, const std::vector<SendItem>& sends, Link* from,
                 const std::vector<RecvItem>& recvs, const TransferOptions& opt) {
-  Stream out, in;
+  Run r{to, sends, from, recvs, opt, opt.agree ? opt.agree->seq : 0, {}, {}, plan(to, from, opt),
+        watch_list(to, from, opt), {}};
   uint64_t last_progress = now_ns();
-  while (out.item < sends.size() || in.item < recvs.size()) {
-    size_t sent = 0, got = 0;
-    if (out.item < sends.size()) HVS_CHECK(send_some(*to, sends, out, in.item, &sent));
-    if (in.item < recvs.size()) HVS_CHECK(recv_some(*from, recvs, in, opt, &got));
-    if (got) HVS_CHECK(send_some(*to, sends, out, in.item, &sent));  // forward at once
+  while (!r.done()) {
+    size_t moved = 0;
+    Status st = progress(r, &moved);
+    if (!st.ok()) return explain(r, std::move(st));
     uint64_t now = now_ns();
-    if (sent || got) {
+    if (moved) {
       last_progress = now;
       continue;
     }
-    if (now - last_progress >= opt.timeout_ns) {
-      bool receiving = in.item < recvs.size();
-      const Link* peer = receiving ? from : to;
-      return HVS_ERROR(Code::kTimeout,
-                       receiving ? "no data from the peer" : "the peer is not reading what this rank sends",
-                       peer->peer)
-          .with_hint("is that process alive, and in the same collective?");
-    }
-    bool want_send = out.item < sends.size() &&
-                     (sends[out.item].dep < 0 || static_cast<size_t>(sends[out.item].dep) < in.item);
-    bool want_recv = in.item < recvs.size();
-    HVS_CHECK(wait_ready(to, want_send, from, want_recv, opt.timeout_ns - (now - last_progress)));
+    if (now - last_progress >= opt.timeout_ns) return stalled(r);
+    HVS_CHECK(wait(r, opt.timeout_ns - (now - last_progress)));
   }
   return Status();
 }

@@ -14,6 +14,9 @@
 // overlap, and a ring step starts forwarding before it has received the
 // whole segment.  The deadline is "no byte moved for timeout", so a slow but
 // moving transfer never times out and a dead one fails within the timeout.
+// With an Agreement, a Transfer also sends and checks the op headers of
+// header.h (before the payload, on the same links) and watches the other
+// links of the group for notices.
 #pragma once
 
 #include <cstddef>
@@ -21,14 +24,18 @@
 #include <vector>
 
 #include "../reduce.h"
+#include "../shm/group.h"
 #include "hvs/status.h"
 
 namespace hvs {
 
 struct Link {
   int fd = -1;
-  int peer = -1;  // world rank, for error messages
+  int peer = -1;          // world rank, for error messages
+  uint64_t sent_seq = 0;  // the last op (Agreement::seq) that sent bytes on it
 };
+
+struct Agreement;
 
 struct SendItem {
   const char* ptr;
@@ -48,11 +55,20 @@ struct TransferOptions {
   ReduceFn fn = nullptr;
   size_t elem = 1;
   char* staging = nullptr;  // at least the largest reduce item
+  // Agreement (header.h); null: no headers, nothing watched.
+  Agreement* agree = nullptr;
+  const OpTag* send_tag = nullptr;  // the header sent; null: agree->tag
+  const OpTag* recv_tag = nullptr;  // the header expected; null: agree->tag
+  bool link_counts = false;         // the tags' counts are per link (alltoall)
+  bool both_ways = false;           // headers both ways on `to` and `from`
+  bool chain_ack = false;  // both ways: the header back on `from` waits for the checks of both
+  std::vector<Link>* links = nullptr;         // by world rank; watched: those of
+  const std::vector<int>* members = nullptr;  // these ranks that it does not read
 };
 
-// Runs both streams to completion.  `to` or `from` may be null when the
-// stream in that direction is empty.
-Status transfer(const Link* to, const std::vector<SendItem>& sends, const Link* from,
+// Runs both streams (and the headers) to completion.  `to` or `from` may be
+// null when nothing moves in that direction.
+Status transfer(Link* to, const std::vector<SendItem>& sends, Link* from,
                 const std::vector<RecvItem>& recvs, const TransferOptions& opt);
 
 // Sets O_NONBLOCK on a link's socket.

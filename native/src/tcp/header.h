@@ -1,0 +1,75 @@
+// Agreement over TCP: every op tells its peers what it is before any payload.
+//
+// Terms (used by transfer.h and every TCP algorithm):
+//   seq      this rank's number for the op: every Context op counts, even one
+//            that moves nothing, so ranks that agree have the same seq
+//   header   a Wire naming the sender's op (OpTag of shm/group.h) and seq.  It
+//            is the first thing of every send stream of an op on a link, sent
+//            with the first chunk (one sendmsg); the receiver compares it with
+//            its own op before it reads, reduces or forwards any payload
+//   both ways  for ops whose data moves one way along a link (chain broadcast,
+//            a ring of 3 or more), each end also sends a header back, so both
+//            ends of every link of the op check each other: a broadcast root
+//            does not return before it has heard from its first receiver
+//   notice   a Wire saying "ranks a and b disagree" (their ops and seqs).  A
+//            rank that failed with a mismatch (found here, told by a notice,
+//            or found in shared memory) sends one on every link it has not yet
+//            sent on in this op: there the peer reads it where it expects a
+//            header, or while it waits on other links (watching them)
+//   watch    links this transfer does not read: a notice there fails the
+//            transfer; a header there from this op with another op's tag, or
+//            from an op this rank has finished, is a mismatch too; any other
+//            header belongs to a later step or op and is left in the socket
+// So every rank that exchanges with a disagreeing rank fails in that op, and
+// so does every rank still waiting in it; a rank whose part of the op did not
+// depend on the disagreeing ranks may finish, and fails at its next op.  The
+// errors read like those of shared memory: "ranks disagree: this rank is in
+// allreduce sum of 1024 float32, the peer in allreduce sum of 15 int32".
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../shm/group.h"
+#include "hvs/status.h"
+#include "transfer.h"
+
+namespace hvs {
+
+struct Wire {
+  enum Magic : uint32_t { kHeader = 0x48565348u, kNotice = 0x48565321u };  // "HSVH", "!SVH"
+  enum Flags : uint32_t { kALinkCounts = 1, kBLinkCounts = 2, kBUnknown = 4 };
+  uint32_t magic = 0;
+  uint32_t flags = 0;  // k*LinkCounts: that op's count is per link (alltoall); kBUnknown: b not known
+  uint64_t seq_a = 0, seq_b = 0;  // header: seq_a is the sender's seq
+  int32_t rank_a = -1, rank_b = -1;  // notice: the ranks that disagree (a found it)
+  OpTag a, b;  // header: a is the sender's op; notice: the ops of rank_a and rank_b
+};
+static_assert(sizeof(Wire) == 96, "a Wire has one size on every rank");
+
+struct Agreement {  // what every transfer of one op checks
+  OpTag tag;         // the op this rank is in
+  uint64_t seq = 0;  // its number (see above)
+  int rank = -1;     // this rank (world)
+  Wire found;        // the first disagreement found or told of (magic 0: none yet)
+};
+
+Wire make_header(const OpTag& tag, uint64_t seq, bool link_counts);
+
+// `in` was read where a header from `peer` is due; `want` is what this rank
+// expects there.  A mismatch or a notice fills ag.found and fails kMismatch.
+Status check_header(const Wire& in, const OpTag& want, bool link_counts, Agreement& ag, int peer);
+
+// `in` was peeked on a watched link from `peer`.  Fails on a notice or a
+// contradicting header; otherwise *keep says whether to go on watching it.
+Status check_watched(const Wire& in, bool link_counts, Agreement& ag, int peer, bool* keep);
+
+// The notice a rank that failed with `st` (kMismatch) sends its peers.
+Wire make_notice(const Agreement& ag, const Status& st);
+
+// Sends `notice` on every link that has not carried bytes of op `seq`, for
+// at most `budget_ns`; a link that cannot take it in time is left.
+void send_notices(std::vector<Link>& links, const Wire& notice, uint64_t seq, uint64_t budget_ns);
+
+}  // namespace hvs
