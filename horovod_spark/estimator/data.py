@@ -16,15 +16,27 @@ Terms used here and in ``_spill.py`` / ``_reader.py``:
 The DataFrame is repartitioned to ``num_proc`` partitions only when it has a
 different number, so a DataFrame already split that way costs no shuffle;
 partitions may then be uneven, which the ranks handle (same steps per epoch).
+
+Where a spill's time goes (``benchmarks/estimator.py``, 500K rows x 32 floats a
+task): the Python side (Arrow from the socket, the checks, the writes) is under
+0.1 s of CPU; the JVM's side (reading, ``vector_to_array``, Arrow written one
+element at a time) is about 0.4-0.5 s of CPU, and about a third of it is Spark
+measuring the Arrow batch it builds after every row, for
+``spark.sql.execution.arrow.maxBytesPerBatch`` (64 MB by default), which batches
+of ``maxRecordsPerBatch`` rows of numbers never come near.  ``transfer_conf``
+lifts that limit for the stage (larger batches themselves gain nothing); the
+rest of a spill's wall time is its share of cores the starting ranks also use.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["ColumnSpec", "column_specs", "prepare", "prepare_exprs", "arrow_to_numpy", "batch_from_table"]
+__all__ = ["ColumnSpec", "column_specs", "prepare", "prepare_exprs", "arrow_to_numpy",
+           "batch_from_table", "TRANSFER_CONF", "transfer_conf"]
 
 FEATURE, LABEL, WEIGHT, VALIDATION = "feature", "label", "weight", "validation"
 _TAKES = "numeric scalars, booleans, ml Vectors and arrays of numbers"
@@ -116,6 +128,29 @@ def prepare_exprs(specs: Sequence[ColumnSpec], dedupe: bool = True) -> list:
 def prepare(df, specs: Sequence[ColumnSpec]):
     """The prepared DataFrame: the used columns only, cast on the JVM."""
     return df.select(*prepare_exprs(specs))
+
+
+#: Session confs for the stage that hands the prepared rows to the ranks: no byte
+#: limit per Arrow batch (Int.MaxValue is Spark's "none"), so the JVM does not size
+#: the batch after every row.
+TRANSFER_CONF = {"spark.sql.execution.arrow.maxBytesPerBatch": str(2 ** 31 - 1)}
+
+
+@contextlib.contextmanager
+def transfer_conf(spark) -> Iterator[None]:
+    """``TRANSFER_CONF`` set on the session while the block runs (the stage's job is
+    planned and submitted in it), the previous values restored after."""
+    before = {key: spark.conf.get(key, None) for key in TRANSFER_CONF}
+    try:
+        for key, value in TRANSFER_CONF.items():
+            spark.conf.set(key, value)
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
 
 
 def arrow_to_numpy(array, dtype: str, name: str) -> np.ndarray:

@@ -117,3 +117,27 @@ def test_a_shard_with_no_rows_is_refused_by_the_stream(tmp_path):
     shard = Shard(os.path.join(str(tmp_path), "train.arrow"), ["x", "y"])
     with pytest.raises(ValueError, match="rank 2 has no training rows"):
         BatchStream(shard, 8, rank=2)
+
+
+@pytest.mark.spark
+def test_the_transfer_conf_hands_the_same_batches_and_restores_the_session(spark):
+    from horovod_spark.estimator.data import TRANSFER_CONF, transfer_conf
+
+    key = "spark.sql.execution.arrow.maxBytesPerBatch"
+    df = spark.range(0, 25_000, numPartitions=1).selectExpr("id", "array(id, id + 1) AS x")
+
+    def sizes(batches):
+        yield pa.RecordBatch.from_arrays([pa.array([b.num_rows for b in batches])], ["rows"])
+
+    spark.conf.set(key, "1m")
+    try:
+        with transfer_conf(spark):
+            assert spark.conf.get(key) == TRANSFER_CONF[key]
+            rows = df.mapInArrow(sizes, "rows long").collect()
+        assert spark.conf.get(key) == "1m"
+    finally:
+        spark.conf.unset(key)
+    assert [r.rows for r in rows] == [10_000, 10_000, 5_000]  # maxRecordsPerBatch still holds
+    with transfer_conf(spark):
+        pass
+    assert spark.conf.get(key, None) is None  # unset before, unset after
