@@ -30,7 +30,7 @@ Context::Context(ContextOptions opt, std::vector<int> fds, std::unique_ptr<Segme
   agree_.rank = opt_.rank;
   links_.resize(opt_.size);
   for (int r = 0; r < opt_.size; ++r) {
-    links_[r] = Link{r < static_cast<int>(fds.size()) ? fds[r] : -1, r, 0};
+    links_[r] = Link{r < static_cast<int>(fds.size()) ? fds[r] : -1, r, false};
     if (links_[r].fd >= 0) (void)make_nonblocking(links_[r].fd);
   }
   std::vector<int> seen_hosts;
@@ -69,8 +69,7 @@ Status Context::fail(Status st) {
     failed_peer_ = st.peer();
     if (shm_) shm_->mark_aborted(st.code());
     if (st.code() == Code::kMismatch)  // peers waiting for our header get this instead
-      send_notices(links_, make_notice(agree_, st), agree_.seq,
-                   std::min<uint64_t>(seconds_to_ns(opt_.timeout_s), kNoticeBudgetNs));
+      send_notices(links_, make_notice(agree_, st), std::min<uint64_t>(seconds_to_ns(opt_.timeout_s), kNoticeBudgetNs));
   }
   return st;
 }

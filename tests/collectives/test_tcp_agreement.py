@@ -32,6 +32,8 @@ CASES = {
                                  ("barrier", "allgather of")),
     "empty allreduce among full ones": (("allreduce", 0, "float32"), ("allreduce", 5, "float32"),
                                         ("allreduce sum of 0 float32", "allreduce sum of 5 float32")),
+    "alltoall among allreduces": (("alltoall", 6, "float32"), ("allreduce", 6, "float32"),
+                                  ("alltoall", "allreduce sum of 6 float32")),
 }
 
 
@@ -45,6 +47,8 @@ def _call(comm, what, count, dtype):
         comm.broadcast(x, root=0)
     elif what == "allgather":
         comm.allgather(x)
+    elif what == "alltoall":
+        comm.alltoall(x)
     else:
         comm.barrier()
 
@@ -93,6 +97,47 @@ def test_over_tcp_a_rank_two_hops_from_the_disagreement_is_told_too():
     cases = [("count", 0), ("broadcast among allreduces", 0), ("allreduce among broadcasts", 2)]
     reports = run_local(_every_case, 4, args=(cases,), env=TCP, timeout=110)
     _check(reports, cases)
+
+
+def _alltoall_splits_disagree():
+    """Rank 1 sends 3 elements to rank 0, which expects 2 (the backend call
+    takes both sides' counts: the Communicator exchanges splits first)."""
+    import numpy as np
+
+    import collectives
+    from collectives.types import DType
+
+    comm = collectives.init()
+    send, recv = [2] * comm.size, [2] * comm.size
+    if comm.rank == 1:
+        send[0] = 3
+    out = {}
+    for step in ("alltoall", "then a barrier"):
+        try:
+            if step == "alltoall":
+                comm.backend.alltoall(np.ones(sum(send), np.float32), send,
+                                      np.empty(sum(recv), np.float32), recv, DType.FLOAT32)
+            else:
+                comm.backend.barrier()
+        except collectives.CollectiveError as exc:
+            out[step] = f"{type(exc).__name__}: {exc}"
+            break
+    return out
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("size", [2, 3])
+def test_over_tcp_alltoall_counts_that_disagree_fail_both_ends_and_a_bystander_at_its_next_op(size):
+    reports = run_local(_alltoall_splits_disagree, size, env=TCP, timeout=60)
+    for rank in (0, 1):  # each end checks both directions of its pair, or hears from the other
+        got = reports[rank].get("alltoall", "")
+        assert got.startswith("MismatchError") and "ranks disagree" in got, (rank, reports)
+        assert "this rank is in alltoall" in got and "the peer in alltoall" in got, (rank, reports)
+        assert "sending 3" in got and "expecting 2" in got, (rank, reports)
+    for rank in range(2, size):  # its pairs agreed: it may finish, then its next op fails
+        got = list(reports[rank].values())
+        assert len(got) == 1 and got[0].startswith("MismatchError"), (rank, reports)
+        assert "rank 0" in got[0] and "rank 1" in got[0] and "alltoall" in got[0], (rank, reports)
 
 
 def _disagree_across_hosts(odd, how):

@@ -65,7 +65,7 @@ Status chain_broadcast(TcpGroup& g, char* buf, size_t len);
 // Member me sends send[j] to member j and receives recv[j] from it, for the
 // members j where remote[j] (the others talk through shared memory).
 // Pairwise exchange: at step s, send to me + s and receive from me - s.  The
-// headers carry the element count (of `elem` bytes) of their link.
+// headers carry the element counts (of `elem` bytes) both ways of their link.
 Status pairwise_alltoall(TcpGroup& g, const std::vector<Span>& send, const std::vector<Span>& recv,
                          const std::vector<bool>& remote, size_t elem);
 

@@ -15,13 +15,20 @@ namespace hvs {
 namespace {
 const char* kHint = "every rank must call the same collectives in the same order, with the same sizes";
 
-// An op as the error names it.  A per-link alltoall tag (link_counts) holds
-// what moves on one link; `receiving` says from which end.
-std::string op_text(const OpTag& t, bool link_counts, bool receiving) {
+// An op as the error names it.  A per-link alltoall tag holds what moves on
+// one link: count is what the rank sends there and digest what it expects
+// back, or the other way round when it `expects` (see pairwise.cc).
+std::string op_text(const OpTag& t, Role role) {
   if (t.kind != OpTag::kAlltoall) return t.describe();
   std::string dt = dtype_name(static_cast<DType>(t.dtype));
-  if (!link_counts) return "alltoall of " + dt;
-  return std::string("alltoall ") + (receiving ? "expecting " : "sending ") + std::to_string(t.count) + " " + dt;
+  if (!role.link_counts) return "alltoall of " + dt;
+  return std::string("alltoall ") + (role.expects ? "expecting " : "sending ") + std::to_string(t.count) + " " +
+         dt + (role.expects ? " and sending " : " and expecting ") + std::to_string(t.digest);
+}
+
+uint32_t flags_of(Role a, Role b) {
+  return (a.link_counts ? Wire::kALinkCounts : 0) | (a.expects ? Wire::kAExpects : 0) |
+         (b.link_counts ? Wire::kBLinkCounts : 0) | (b.expects ? Wire::kBExpects : 0);
 }
 
 std::string seq_text(uint64_t seq) { return " (its native op " + std::to_string(seq) + ")"; }
@@ -38,17 +45,16 @@ bool compatible(const OpTag& x, const OpTag& y, bool link_counts) {
 }
 
 // Fills ag.found with "this rank (in `mine`) and `peer` (in theirs.a) disagree".
-Status found_here(Agreement& ag, const OpTag& mine, bool mine_lc, const Wire& theirs, int peer) {
-  const bool theirs_lc = theirs.flags & Wire::kALinkCounts;
+Status found_here(Agreement& ag, const OpTag& mine, Role my_role, const Wire& theirs, int peer) {
   Wire& f = ag.found;
   f = Wire();
   f.magic = Wire::kNotice;
-  f.flags = (mine_lc ? Wire::kALinkCounts : 0) | (theirs_lc ? Wire::kBLinkCounts : 0);
+  f.flags = flags_of(my_role, theirs.role_a());
   f.seq_a = ag.seq, f.seq_b = theirs.seq_a;
   f.rank_a = ag.rank, f.rank_b = peer;
   f.a = mine, f.b = theirs.a;
-  std::string what = "ranks disagree: " + both("this rank is in " + op_text(mine, mine_lc, true), ag.seq,
-                                               "the peer in " + op_text(theirs.a, theirs_lc, false),
+  std::string what = "ranks disagree: " + both("this rank is in " + op_text(mine, my_role), ag.seq,
+                                               "the peer in " + op_text(theirs.a, theirs.role_a()),
                                                theirs.seq_a);
   return HVS_ERROR(Code::kMismatch, what, peer).with_hint(kHint);
 }
@@ -57,16 +63,14 @@ Status found_here(Agreement& ag, const OpTag& mine, bool mine_lc, const Wire& th
 // rank a found it in), or a bystander.
 Status told(Agreement& ag, const Wire& n, int told_by) {
   ag.found = n;
-  const bool a_lc = n.flags & Wire::kALinkCounts, b_lc = n.flags & Wire::kBLinkCounts;
-  std::string a = op_text(n.a, a_lc, true);
+  std::string a = op_text(n.a, n.role_a());
   if (n.flags & Wire::kBUnknown) {  // found in shared memory on rank a's host
     std::string what = "ranks disagree: rank " + std::to_string(n.rank_a) + " (in " + a + ") and rank " +
-                       std::to_string(n.rank_b) + ", on its host; this rank is in " +
-                       op_text(ag.tag, false, true);
+                       std::to_string(n.rank_b) + ", on its host; this rank is in " + op_text(ag.tag, Role());
     return HVS_ERROR(Code::kMismatch, what, told_by).with_hint("see those ranks' errors; " + std::string(kHint));
   }
-  std::string b = op_text(n.b, b_lc, false);
-  if (n.rank_b == ag.rank && n.seq_b == ag.seq && compatible(n.b, ag.tag, b_lc))
+  std::string b = op_text(n.b, n.role_b());
+  if (n.rank_b == ag.rank && n.seq_b == ag.seq && compatible(n.b, ag.tag, n.role_b().link_counts))
     return HVS_ERROR(Code::kMismatch, "ranks disagree: " + both("this rank is in " + b, n.seq_b,
                                                                 "the peer in " + a, n.seq_a),
                      n.rank_a)
@@ -74,26 +78,26 @@ Status told(Agreement& ag, const Wire& n, int told_by) {
   std::string what = "ranks disagree: " +
                      both("rank " + std::to_string(n.rank_a) + " is in " + a, n.seq_a,
                           "rank " + std::to_string(n.rank_b) + " in " + b, n.seq_b) +
-                     "; this rank is in " + op_text(ag.tag, false, true) +
+                     "; this rank is in " + op_text(ag.tag, Role()) +
                      (n.seq_a == ag.seq ? std::string() : seq_text(ag.seq));
   return HVS_ERROR(Code::kMismatch, what, told_by)
       .with_hint("rank " + std::to_string(n.rank_a) + " found it; " + kHint);
 }
 }  // namespace
 
-Wire make_header(const OpTag& tag, uint64_t seq, bool link_counts) {
+Wire make_header(const OpTag& tag, uint64_t seq, Role role) {
   Wire w;
   w.magic = Wire::kHeader;
-  w.flags = link_counts ? Wire::kALinkCounts : 0;
+  w.flags = flags_of(role, Role());
   w.seq_a = seq;
   w.a = tag;
   return w;
 }
 
-Status check_header(const Wire& in, const OpTag& want, bool link_counts, Agreement& ag, int peer) {
+Status check_header(const Wire& in, const OpTag& want, Role mine, Agreement& ag, int peer) {
   if (in.magic == Wire::kHeader) {
     if (in.seq_a == ag.seq && in.a == want) return Status();
-    return found_here(ag, want, link_counts, in, peer);
+    return found_here(ag, want, mine, in, peer);
   }
   if (in.magic == Wire::kNotice) return told(ag, in, peer);
   return HVS_ERROR(Code::kMismatch, "the bytes from the peer are not an op header: the streams are out of step",
@@ -107,7 +111,7 @@ Status check_watched(const Wire& in, bool link_counts, Agreement& ag, int peer, 
   if (in.magic != Wire::kHeader || in.seq_a > ag.seq) return Status();  // a later op's
   if (in.seq_a == ag.seq && compatible(in.a, ag.tag, link_counts)) return Status();  // a later step's
   // This op, but another collective; or an op this rank finished without it.
-  return found_here(ag, ag.tag, false, in, peer);
+  return found_here(ag, ag.tag, Role(), in, peer);
 }
 
 Wire make_notice(const Agreement& ag, const Status& st) {
@@ -121,7 +125,7 @@ Wire make_notice(const Agreement& ag, const Status& st) {
   return n;
 }
 
-void send_notices(std::vector<Link>& links, const Wire& notice, uint64_t seq, uint64_t budget_ns) {
+void send_notices(std::vector<Link>& links, const Wire& notice, uint64_t budget_ns) {
   std::vector<size_t> done(links.size(), 0);
   const char* bytes = reinterpret_cast<const char*>(&notice);
   const uint64_t end = now_ns() + budget_ns;
@@ -129,12 +133,12 @@ void send_notices(std::vector<Link>& links, const Wire& notice, uint64_t seq, ui
     std::vector<pollfd> waiting;
     for (size_t r = 0; r < links.size(); ++r) {
       Link& l = links[r];
-      if (l.fd < 0 || l.sent_seq == seq) continue;
+      if (l.fd < 0 || l.open) continue;
       ssize_t n = ::send(l.fd, bytes + done[r], sizeof notice - done[r], MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n > 0) done[r] += static_cast<size_t>(n);
       bool again = n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR);
       if (done[r] == sizeof notice || (n < 0 && !again)) {
-        l.sent_seq = seq;  // sent, or the peer is gone
+        l.open = true;  // sent, or the peer is gone: nothing more on this link
         continue;
       }
       waiting.push_back(pollfd{l.fd, POLLOUT, 0});

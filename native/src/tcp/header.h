@@ -9,22 +9,25 @@
 //            its own op before it reads, reduces or forwards any payload
 //   both ways  for ops whose data moves one way along a link (chain broadcast,
 //            a ring of 3 or more), each end also sends a header back, so both
-//            ends of every link of the op check each other: a broadcast root
-//            does not return before it has heard from its first receiver
+//            ends of every link of the op check each other.  (In alltoall
+//            every pair talks both ways anyway; its headers carry the counts
+//            of both directions of their link.)
 //   notice   a Wire saying "ranks a and b disagree" (their ops and seqs).  A
 //            rank that failed with a mismatch (found here, told by a notice,
 //            or found in shared memory) sends one on every link it has not yet
-//            sent on in this op: there the peer reads it where it expects a
-//            header, or while it waits on other links (watching them)
+//            sent on in this op, or whose stream it has finished: there the
+//            peer reads it where it expects a header (in this op or its
+//            next), or while it waits on other links (watching them)
 //   watch    links this transfer does not read: a notice there fails the
 //            transfer; a header there from this op with another op's tag, or
 //            from an op this rank has finished, is a mismatch too; any other
 //            header belongs to a later step or op and is left in the socket
 // So every rank that exchanges with a disagreeing rank fails in that op, and
 // so does every rank still waiting in it; a rank whose part of the op did not
-// depend on the disagreeing ranks may finish, and fails at its next op.  The
-// errors read like those of shared memory: "ranks disagree: this rank is in
-// allreduce sum of 1024 float32, the peer in allreduce sum of 15 int32".
+// depend on the disagreeing ranks (in alltoall, ranks whose own pairs agree)
+// may finish, and fails at its next op.  The errors read like those of
+// shared memory: "ranks disagree: this rank is in allreduce sum of 1024
+// float32, the peer in allreduce sum of 15 int32".
 #pragma once
 
 #include <cstdint>
@@ -37,14 +40,23 @@
 
 namespace hvs {
 
+// How a tag's counts read: an alltoall tag holds what moves on one link, as
+// its sender sees it, or (expects) as its receiver does.
+struct Role {
+  bool link_counts = false;
+  bool expects = false;
+};
+
 struct Wire {
   enum Magic : uint32_t { kHeader = 0x48565348u, kNotice = 0x48565321u };  // "HSVH", "!SVH"
-  enum Flags : uint32_t { kALinkCounts = 1, kBLinkCounts = 2, kBUnknown = 4 };
+  enum Flags : uint32_t { kALinkCounts = 1, kAExpects = 2, kBLinkCounts = 4, kBExpects = 8, kBUnknown = 16 };
   uint32_t magic = 0;
-  uint32_t flags = 0;  // k*LinkCounts: that op's count is per link (alltoall); kBUnknown: b not known
+  uint32_t flags = 0;  // the Roles of a and b; kBUnknown: b's op is not known
   uint64_t seq_a = 0, seq_b = 0;  // header: seq_a is the sender's seq
   int32_t rank_a = -1, rank_b = -1;  // notice: the ranks that disagree (a found it)
   OpTag a, b;  // header: a is the sender's op; notice: the ops of rank_a and rank_b
+  Role role_a() const { return Role{(flags & kALinkCounts) != 0, (flags & kAExpects) != 0}; }
+  Role role_b() const { return Role{(flags & kBLinkCounts) != 0, (flags & kBExpects) != 0}; }
 };
 static_assert(sizeof(Wire) == 96, "a Wire has one size on every rank");
 
@@ -55,11 +67,12 @@ struct Agreement {  // what every transfer of one op checks
   Wire found;        // the first disagreement found or told of (magic 0: none yet)
 };
 
-Wire make_header(const OpTag& tag, uint64_t seq, bool link_counts);
+Wire make_header(const OpTag& tag, uint64_t seq, Role role);
 
-// `in` was read where a header from `peer` is due; `want` is what this rank
-// expects there.  A mismatch or a notice fills ag.found and fails kMismatch.
-Status check_header(const Wire& in, const OpTag& want, bool link_counts, Agreement& ag, int peer);
+// `in` was read where a header from `peer` is due; this rank expects `want`
+// there (`mine` says how its count reads).  A mismatch or a notice fills
+// ag.found and fails kMismatch.
+Status check_header(const Wire& in, const OpTag& want, Role mine, Agreement& ag, int peer);
 
 // `in` was peeked on a watched link from `peer`.  Fails on a notice or a
 // contradicting header; otherwise *keep says whether to go on watching it.
@@ -68,8 +81,8 @@ Status check_watched(const Wire& in, bool link_counts, Agreement& ag, int peer, 
 // The notice a rank that failed with `st` (kMismatch) sends its peers.
 Wire make_notice(const Agreement& ag, const Status& st);
 
-// Sends `notice` on every link that has not carried bytes of op `seq`, for
-// at most `budget_ns`; a link that cannot take it in time is left.
-void send_notices(std::vector<Link>& links, const Wire& notice, uint64_t seq, uint64_t budget_ns);
+// Sends `notice` on every link that is not inside a send stream, for at
+// most `budget_ns`; a link that cannot take it in time is left.
+void send_notices(std::vector<Link>& links, const Wire& notice, uint64_t budget_ns);
 
 }  // namespace hvs

@@ -41,7 +41,9 @@ Status pairwise_alltoall(TcpGroup& g, const std::vector<Span>& send, const std::
                          const std::vector<bool>& remote, size_t elem) {
   const int p = g.size(), me = g.me;
   TransferOptions opt = group_options(g, false);
-  OpTag out = g.agree->tag, in = g.agree->tag;  // with the counts of one link
+  // Per link: what the sender sends and expects back; what the receiver
+  // expects and sends back.  Equal tags: both directions agree.
+  OpTag out = g.agree->tag, in = g.agree->tag;
   opt.send_tag = &out, opt.recv_tag = &in, opt.link_counts = true;
   for (int s = 1; s < p; ++s) {
     int to = mod(me + s, p), from = mod(me - s, p);
@@ -50,7 +52,8 @@ Status pairwise_alltoall(TcpGroup& g, const std::vector<Span>& send, const std::
     std::vector<RecvItem> recvs;
     if (remote[to] && send[to].len) sends.push_back({send[to].ptr, send[to].len, -1});
     if (remote[from] && recv[from].len) recvs.push_back({recv[from].ptr, recv[from].len, nullptr, nullptr});
-    out.count = send[to].len / elem, in.count = recv[from].len / elem;
+    out.count = send[to].len / elem, out.digest = recv[to].len / elem;
+    in.count = recv[from].len / elem, in.digest = send[from].len / elem;
     HVS_CHECK(transfer(remote[to] ? g.link(to) : nullptr, sends, remote[from] ? g.link(from) : nullptr,
                        recvs, opt));
   }

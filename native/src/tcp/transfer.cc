@@ -33,6 +33,8 @@ struct HeaderIo {
   Link* link = nullptr;
   Wire wire;
   size_t done = 0;
+  const OpTag* want = nullptr;  // coming in: what this rank expects there
+  Role mine;                    // coming in: how its counts read here
   bool pending() const { return link && done < sizeof(Wire); }
   char* at() { return reinterpret_cast<char*>(&wire) + done; }
   size_t left() const { return sizeof(Wire) - done; }
@@ -100,13 +102,12 @@ void advance(HeaderIo& hdr, const std::vector<SendItem>& items, Stream& s, size_
 }
 
 Status send_some(Link& to, HeaderIo& hdr, const std::vector<SendItem>& items, Stream& s, size_t recvd,
-                 uint64_t seq, size_t* moved) {
-  *moved = 0;
+                 size_t* moved) {
   for (;;) {
     size_t offered, sent;
     HVS_CHECK(send_once(to, hdr, items, s, recvd, &offered, &sent));
-    if (sent) to.sent_seq = seq;
     advance(hdr, items, s, recvd, sent);
+    if (sent) to.open = hdr.pending() || s.item < items.size();
     *moved += sent;
     if (sent == 0 || sent < offered) return Status();  // nothing ready, or the socket is full
   }
@@ -134,18 +135,17 @@ Status recv_header(HeaderIo& h, const TransferOptions& opt, size_t* moved, Strea
   if (staged) s->done += static_cast<size_t>(n) - k;
   *moved += static_cast<size_t>(n);
   if (h.pending()) return Status();
-  const OpTag& want = opt.recv_tag ? *opt.recv_tag : opt.agree->tag;
-  return check_header(h.wire, want, opt.link_counts, *opt.agree, h.link->peer);
+  return check_header(h.wire, *h.want, h.mine, *opt.agree, h.link->peer);
 }
 
-Status send_header(HeaderIo& h, uint64_t seq, size_t* moved) {
+Status send_header(HeaderIo& h, size_t* moved) {
   if (!h.pending()) return Status();
   ssize_t n;
   do n = ::send(h.link->fd, h.at(), h.left(), MSG_NOSIGNAL | MSG_DONTWAIT);
   while (n < 0 && errno == EINTR);
   if (n < 0) return would_block() ? Status() : lost("send", h.link->peer);
-  if (n > 0) h.link->sent_seq = seq;
   h.done += static_cast<size_t>(n);
+  if (n > 0) h.link->open = h.pending();
   *moved += static_cast<size_t>(n);
   return Status();
 }
@@ -174,15 +174,31 @@ Status recv_some(const Link& from, const std::vector<RecvItem>& items, Stream& s
   return Status();
 }
 
+HeaderIo outgoing(Link* l, const OpTag& tag, uint64_t seq, Role role) {
+  HeaderIo h;
+  h.link = l, h.wire = make_header(tag, seq, role);
+  return h;
+}
+
+HeaderIo incoming(Link* l, const OpTag& want, Role mine) {
+  HeaderIo h;
+  h.link = l, h.want = &want, h.mine = mine;
+  return h;
+}
+
+// Headers go out with the data (send_tag) and back against it (recv_tag).
 Headers plan(Link* to, Link* from, const TransferOptions& opt) {
   Headers h;
   if (!opt.agree) return h;
-  Wire out = make_header(opt.send_tag ? *opt.send_tag : opt.agree->tag, opt.agree->seq, opt.link_counts);
-  if (to) h.out_to.link = to, h.out_to.wire = out;
-  if (from) h.in_from.link = from;
+  const OpTag& st = opt.send_tag ? *opt.send_tag : opt.agree->tag;
+  const OpTag& rt = opt.recv_tag ? *opt.recv_tag : opt.agree->tag;
+  const Role sender{opt.link_counts, false}, receiver{opt.link_counts, true};
+  const uint64_t seq = opt.agree->seq;
+  if (to) h.out_to = outgoing(to, st, seq, sender);
+  if (from) h.in_from = incoming(from, rt, receiver);
   if (opt.both_ways) {
-    if (from && from != to) h.out_from.link = from, h.out_from.wire = out;
-    if (to && to != from) h.in_to.link = to;
+    if (from && from != to) h.out_from = outgoing(from, rt, seq, receiver);
+    if (to && to != from) h.in_to = incoming(to, st, sender);
   }
   return h;
 }
@@ -205,7 +221,6 @@ struct Run {
   Link* from;
   const std::vector<RecvItem>& recvs;
   const TransferOptions& opt;
-  uint64_t seq;
   Stream out, in;
   Headers h;
   std::vector<Link*> watch;
@@ -222,15 +237,15 @@ struct Run {
 };
 
 Status progress(Run& r, size_t* moved) {
-  if (r.ack_ready()) HVS_CHECK(send_header(r.h.out_from, r.seq, moved));
-  if (r.sending()) HVS_CHECK(send_some(*r.to, r.h.out_to, r.sends, r.out, r.in.item, r.seq, moved));
+  if (r.ack_ready()) HVS_CHECK(send_header(r.h.out_from, moved));
+  if (r.sending()) HVS_CHECK(send_some(*r.to, r.h.out_to, r.sends, r.out, r.in.item, moved));
   HVS_CHECK(recv_header(r.h.in_to, r.opt, moved));
   HVS_CHECK(recv_header(r.h.in_from, r.opt, moved, &r.in, r.in.item < r.recvs.size() ? &r.recvs[r.in.item] : nullptr));
   if (r.h.in_from.pending() || r.in.item >= r.recvs.size()) return Status();
   const size_t before = r.in.item;
   HVS_CHECK(recv_some(*r.from, r.recvs, r.in, r.opt, moved));
   if (r.in.item != before && r.sending())  // forward at once what has just arrived
-    HVS_CHECK(send_some(*r.to, r.h.out_to, r.sends, r.out, r.in.item, r.seq, moved));
+    HVS_CHECK(send_some(*r.to, r.h.out_to, r.sends, r.out, r.in.item, moved));
   return Status();
 }
 
@@ -330,8 +345,7 @@ Status stalled(const Run& r) {
 
 Status transfer(Link* to, const std::vector<SendItem>& sends, Link* from,
                 const std::vector<RecvItem>& recvs, const TransferOptions& opt) {
-  Run r{to, sends, from, recvs, opt, opt.agree ? opt.agree->seq : 0, {}, {}, plan(to, from, opt),
-        watch_list(to, from, opt), {}};
+  Run r{to, sends, from, recvs, opt, {}, {}, plan(to, from, opt), watch_list(to, from, opt), {}};
   uint64_t last_progress = now_ns();
   while (!r.done()) {
     size_t moved = 0;

@@ -32,7 +32,7 @@ namespace hvs {
 struct Link {
   int fd = -1;
   int peer = -1;          // world rank, for error messages
-  uint64_t sent_seq = 0;  // the last op (Agreement::seq) that sent bytes on it
+  bool open = false;      // a send stream on it is unfinished: a notice would land inside
 };
 
 struct Agreement;
