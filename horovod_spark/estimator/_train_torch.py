@@ -144,7 +144,7 @@ class _Gradients:
     def __init__(self, optimizer, hvd):
         import torch
 
-        self.optimizer, self.hvd = optimizer, hvd
+        self.optimizer, self.hvd, self.reduce = optimizer, hvd, hvd.size() > 1
         params = [p for group in optimizer.param_groups for p in group["params"]]
         params = [p for p in dict.fromkeys(params) if p.requires_grad]
         by_kind: Dict[tuple, list] = {}
@@ -170,7 +170,7 @@ class _Gradients:
 
     def step(self) -> None:
         """Average the gradients over the ranks, step the optimizer, clear the gradients."""
-        if self.hvd.size() > 1:
+        if self.reduce:
             if len(self.buffers) == 1:
                 self.hvd.allreduce_(self.buffers[0], op=self.hvd.Average, name=self.NAME)
             elif self.buffers:

@@ -1,8 +1,8 @@
 """The torch rank side without Spark: real rank processes train spilled shards.
 
-Two ranks (``collectives.launch.run_local``) each spill a shard and run
+Ranks (``collectives.launch.run_local``) each spill a shard and run
 ``_train_torch.train`` on it, as the barrier tasks' ranks do; the result is
-checked against one process that steps on the mean gradient of both ranks'
+checked against one process that steps on the mean gradient of every rank's
 batches (what data-parallel training means), computed here with plain torch.
 """
 import copy
@@ -56,7 +56,7 @@ def mae(output, label):  # a tensor metric
 
 
 def largest_error(output, label):  # a plain-number metric
-    return float((output - label).abs().max())
+    return float((output - label).detach().abs().max())
 
 
 def _user(net, k):
@@ -65,7 +65,7 @@ def _user(net, k):
             "metrics": [mae, largest_error], "transformation_fn": None, "callbacks": None}
 
 
-def _rank(base, user_bytes, k):
+def _rank(base, user_bytes, k, ranks):
     rank = int(os.environ["HVS_RANK"])
     directory = os.path.join(base, f"rank{rank}")
     os.makedirs(directory)
@@ -77,7 +77,7 @@ def _rank(base, user_bytes, k):
                      batch_size=BATCH, epochs=EPOCHS, shuffle=False, seed=0,
                      backward_passes_per_step=k, use_gpu=False, verbose=0,
                      store=LocalStore(os.path.join(base, "store")), run_id=f"k{k}",
-                     has_validation=False, specs=SPECS, num_proc=2)
+                     has_validation=False, specs=SPECS, num_proc=ranks)
     out = train(spec, directory)
     if out is None:
         return None
@@ -86,11 +86,11 @@ def _rank(base, user_bytes, k):
             "history": out["history"]}
 
 
-def _reference(net, k):
+def _reference(net, k, ranks):
     """One process: every k batches, a step on the mean over ranks of their gradients."""
     user = _user(net, k)
     model, opt, loss_fn = user["model"], user["optimizer"], user["loss"]
-    shards = [tuple(map(torch.from_numpy, _shard_rows(r))) for r in (0, 1)]
+    shards = [tuple(map(torch.from_numpy, _shard_rows(r))) for r in range(ranks)]
     history = {"loss": [], "mae": [], "largest_error": []}
     steps = ROWS // BATCH
     for _ in range(EPOCHS):
@@ -100,7 +100,7 @@ def _reference(net, k):
                 xb, yb = x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH]
                 out = model(xb)
                 loss = loss_fn(out, yb.view(-1, 1))
-                (loss / (2 * k)).backward()
+                (loss / (ranks * k)).backward()
                 seen["loss"].append(float(loss.detach()))
                 seen["mae"].append(float(mae(out, yb.view(-1, 1)).detach()))
                 seen["largest_error"].append(largest_error(out, yb.view(-1, 1)))
@@ -112,13 +112,14 @@ def _reference(net, k):
     return {n: t.detach().numpy() for n, t in model.state_dict().items()}, history
 
 
-@pytest.mark.parametrize("k", [1, 2])
-def test_two_ranks_train_what_one_process_gets_from_their_mean_gradient(tmp_path, k):
+@pytest.mark.parametrize("ranks,k", [(2, 1), (2, 2), (1, 1)])
+def test_ranks_train_what_one_process_gets_from_their_mean_gradient(tmp_path, ranks, k):
     net = TwoDtypes()
-    want_state, want_history = _reference(copy.deepcopy(net), k)
+    want_state, want_history = _reference(copy.deepcopy(net), k, ranks)
     user_bytes = tio.dumps_model(_user(net, k))
     env = {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    got = run_local(_rank, 2, args=(str(tmp_path), user_bytes, k), env=env, timeout=120)[0]
+    got = run_local(_rank, ranks, args=(str(tmp_path), user_bytes, k, ranks), env=env,
+                    timeout=120)[0]
     assert set(got["state"]) == set(want_state)
     for name, value in want_state.items():
         np.testing.assert_allclose(got["state"][name], value, rtol=1e-5, atol=1e-6, err_msg=name)
