@@ -33,7 +33,8 @@ arrays and Arrow writing, plus the driver's own work); *train cpu* = rank 0's
 process (both its threads) from the first epoch to the last; *start cpu* =
 rank 0's process before its first epoch (python, torch and torch._dynamo
 imports, hvd.init, the census, the model's setup), which every rank spends
-while its task spills.
+while its task spills; *wait s* = how long rank 0, initialized, waited for its
+spill (the part of the spill on the fit's critical path).
 
     --conf KEY=VALUE   a Spark conf for the session, e.g.
                        spark.sql.execution.arrow.maxBytesPerBatch=2147483647
@@ -133,6 +134,7 @@ def _row(case: str, args, est, model, seconds: float, jvm_cpu: float) -> dict:
             "spill_s": t["data_seconds"], "not_train_share": (seconds - train) / seconds,
             "spill_cpu_s": t.get("data_cpu_seconds"), "jvm_cpu_s": jvm_cpu,
             "train_cpu_s": t.get("rank_cpu_seconds"), "start_cpu_s": t.get("rank_start_cpu_seconds"),
+            "wait_s": _data_wait(t["stamps"]),
             "final_loss": model.getHistory()["loss"][-1], "phases": _phases(t["stamps"])}
 
 
@@ -145,6 +147,14 @@ STAMPS = (("stage_start", "the barrier stage is submitted"),
           ("ready", "shard mapped, model built, parameters broadcast"),
           ("trained", "the last epoch is done"),
           ("stage_end", "the result is back on the driver"))
+
+
+def _data_wait(stamps: dict) -> float:
+    """Seconds rank 0 waited for its task's census after hvd.init: the spill's share of
+    the critical path (0 when the spill ended while the rank was still starting)."""
+    if "census_read" not in stamps or "initialized" not in stamps:
+        return 0.0
+    return max(0.0, stamps["census_read"] - stamps["initialized"])
 
 
 def _phases(stamps: dict) -> list:
@@ -179,7 +189,7 @@ def _torch_alone(args) -> dict:
             "fit_s": seconds, "rows_per_s": n * args.epochs / seconds, "prep_s": 0.0,
             "start_s": 0.0, "train_s": seconds, "prep_share": 0.0, "check_s": 0.0,
             "spill_s": 0.0, "not_train_share": 0.0, "spill_cpu_s": 0.0, "jvm_cpu_s": 0.0,
-            "train_cpu_s": seconds, "final_loss": float("nan")}
+            "train_cpu_s": seconds, "wait_s": 0.0, "final_loss": float("nan")}
 
 
 def _horovod_row() -> dict:
@@ -199,7 +209,7 @@ def _num(value) -> str:
 def _print(rows: list) -> None:
     head = f"{'case':<40} {'rows/s':>10} {'fit s':>7} {'check s':>8} {'spill s':>8} " \
            f"{'train s':>8} {'prep %':>7} {'not train %':>12} {'spill cpu':>9} {'jvm cpu':>8} " \
-           f"{'train cpu':>9} {'start cpu':>9}"
+           f"{'train cpu':>9} {'start cpu':>9} {'wait s':>7}"
     print(head)
     print("-" * len(head))
     for r in rows:
@@ -210,7 +220,7 @@ def _print(rows: list) -> None:
               f"{r['spill_s']:>8.2f} {r['train_s']:>8.2f} {100 * r['prep_share']:>6.1f}% "
               f"{100 * r['not_train_share']:>11.1f}% {_num(r['spill_cpu_s']):>9} "
               f"{_num(r['jvm_cpu_s']):>8} {_num(r['train_cpu_s']):>9} "
-              f"{_num(r.get('start_cpu_s')):>9}")
+              f"{_num(r.get('start_cpu_s')):>9} {_num(r.get('wait_s')):>7}")
     for r in rows:
         if r.get("phases"):
             print(f"\ntimeline of '{r['case']}' (seconds after the stage was submitted):")
