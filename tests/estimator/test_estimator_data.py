@@ -97,6 +97,16 @@ def test_nan_in_a_feature_is_reported_with_its_column(tmp_path):
     assert census.problem == "feature column 'x' has NaN (first in row 10 of partition 4)"
 
 
+def test_nan_in_a_float_label_is_reported_with_its_row(tmp_path):
+    specs = (SPECS[0], ColumnSpec("y", "label", "scalar", "float32", "double"))
+    good = pa.RecordBatch.from_arrays([pa.array([[1.0, 2.0, 3.0]] * 5, pa.list_(pa.float32())),
+                                       pa.array([0.5] * 5)], names=["x", "y"])
+    bad = pa.RecordBatch.from_arrays([pa.array([[1.0, 2.0, 3.0]] * 3, pa.list_(pa.float32())),
+                                      pa.array([0.5, float("inf"), float("nan")])], names=["x", "y"])
+    census = spill_partition(iter([good, bad]), specs, 1, directory=str(tmp_path))
+    assert census.problem == "label column 'y' has NaN (first in row 7 of partition 1)"
+
+
 def test_arrays_of_different_lengths_are_reported(tmp_path):
     ragged = pa.RecordBatch.from_arrays([pa.array([[1.0, 2.0], [1.0]], pa.list_(pa.float32())),
                                          pa.array([1, 2])], names=["x", "y"])
