@@ -23,7 +23,7 @@ from ..errors import CollectiveTimeout, PeerLostError, describe
 from ..types import DType, ReduceOp
 from .base import Backend
 
-__all__ = ["NativeBackend", "TUNING"]
+__all__ = ["NativeBackend", "TUNING", "usable_cores"]
 
 #: Chunk sizes of the native algorithms (bytes); benchmarks may override them.
 TUNING = {
@@ -39,7 +39,8 @@ TUNING = {
 }
 
 
-def _cores() -> int:
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask), else the machine's."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -72,7 +73,7 @@ class NativeBackend(Backend):
         opts.hosts = [order.index(h) for h in topo.hosts]
         opts.pids = [int(p) for p in mesh.pids]
         opts.timeout_s = float(config.timeout)
-        crowded = "crowded_" if topo.local_size > _cores() else ""
+        crowded = "crowded_" if topo.local_size > usable_cores() else ""
         opts.spin_ns = int(tune[crowded + "spin_us"] * 1000)
         opts.yield_ns = int(tune[crowded + "yield_us"] * 1000)
         opts.shm_chunk = int(tune[crowded + "shm_chunk"] if crowded else tune["shm_chunk"])

@@ -89,8 +89,8 @@ class Executor:
         self._comm, self._threshold = comm, threshold
         self.timeline, self._metrics, self._done = timeline, metrics, done
         self._rank, self._size = comm.rank, comm.size
-        self._buffers: Dict[np.dtype, np.ndarray] = {}
-        self._device_buffers: Dict[tuple, object] = {}  # (torch?, dtype) -> flat CUDA buffer
+        # numpy dtype -> host fusion buffer; (torch?, dtype name) -> flat CUDA buffer
+        self._buffers: Dict[object, object] = {}
 
     # -- dispatch ------------------------------------------------------------
     def run(self, responses: List[Response], joined: tuple) -> None:
@@ -138,11 +138,19 @@ class Executor:
                                      tensor=sig.tensor(), hint="finish every op before join()"))
 
     # -- allreduce -------------------------------------------------------------
-    def _fusion_buffer(self, dtype: np.dtype, n: int) -> np.ndarray:
-        buf = self._buffers.get(dtype)
-        if buf is None or buf.size < n:
-            buf = self._buffers[dtype] = np.empty(max(n, 2 * (0 if buf is None else buf.size)), dtype)
+    def _reused(self, key, n: int, alloc):
+        """The first n elements of the buffer kept under key, grown (doubling) by alloc(size)."""
+        buf = self._buffers.get(key)
+        if buf is None or buf.shape[0] < n:
+            buf = self._buffers[key] = alloc(max(n, 2 * (0 if buf is None else buf.shape[0])))
         return buf[:n]
+
+    def _fusion_buffer(self, dtype: np.dtype, n: int) -> np.ndarray:
+        return self._reused(dtype, n, lambda size: np.empty(size, dtype))
+
+    def _post(self, sig: Signature) -> float:
+        """The postscale factor of sig's result (AVERAGE divides by the world size)."""
+        return sig.postscale / self._size if sig.op == _AVERAGE else sig.postscale
 
     @staticmethod
     def _result_flat(req: Request, sig: Signature, count: int) -> np.ndarray:
@@ -198,7 +206,7 @@ class Executor:
         return offsets
 
     def _unpack(self, part: np.ndarray, req: Request, sig: Signature, count: int) -> None:
-        post = sig.postscale / self._size if sig.op == _AVERAGE else sig.postscale
+        post = self._post(sig)
         dst = self._result_flat(req, sig, count)
         if sig.dtype == _BF16:
             _scale(part, post)
@@ -212,7 +220,7 @@ class Executor:
 
     def _allreduce_single(self, sig: Signature, req: Optional[Request], op: ReduceOp) -> None:
         t0 = time.perf_counter()
-        post = sig.postscale / self._size if sig.op == _AVERAGE else sig.postscale
+        post = self._post(sig)
         count = math.prod(sig.shape)
         if req is None:
             src = dst = np.zeros(count, _NUMPY[sig.dtype])
@@ -226,12 +234,7 @@ class Executor:
         self._account([(sig, req)], sig.nbytes, (t0, t0, t1, t1))
 
     def _device_buffer(self, like, n: int):
-        key = (_is_torch(like), str(like.dtype))
-        buf = self._device_buffers.get(key)
-        if buf is None or buf.shape[0] < n:
-            size = max(n, 2 * (0 if buf is None else buf.shape[0]))
-            buf = self._device_buffers[key] = _empty_like(like, size)
-        return buf[:n]
+        return self._reused((_is_torch(like), str(like.dtype)), n, lambda size: _empty_like(like, size))
 
     def _allreduce_device_group(self, group: List[Response], op: ReduceOp) -> None:
         """CUDA tensors (every rank holds them: joined ranks refuse device ops) in one buffer."""
@@ -251,7 +254,7 @@ class Executor:
         t2 = time.perf_counter()
         for (sig, req), off, n in zip(group, offsets, counts):
             part = fused[off:off + n]
-            post = sig.postscale / self._size if sig.op == _AVERAGE else sig.postscale
+            post = self._post(sig)
             if req.out is not None:
                 dst = req.out.flat
                 dst[...] = part
@@ -267,7 +270,7 @@ class Executor:
 
     def _allreduce_device(self, sig: Signature, req: Optional[Request], op: ReduceOp) -> None:
         t0 = time.perf_counter()
-        post = sig.postscale / self._size if sig.op == ReduceOp.AVERAGE else sig.postscale
+        post = self._post(sig)
         out = req.out.source if req.out is not None else None
         result = self._comm.allreduce(req.buf.source, out=out, op=op, prescale=sig.prescale,
                                       postscale=post, name=sig.name)

@@ -27,13 +27,13 @@ checkpoints load as before.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 import warnings
 import weakref
 
 import torch
 
+from collectives.backends.native import usable_cores
 from collectives.errors import NotSupported
 
 from . import _state
@@ -157,18 +157,11 @@ class _DistributedOptimizer:
         return super().zero_grad(set_to_none)
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def auto_groups(params) -> int:
     """num_groups=None: 1 (no overlap) for CPU ranks without a spare core, else 0 (overlap)."""
     if not params or any(p.device.type != "cpu" for p in params):
         return 0
-    return 1 if _state.local_size() * torch.get_num_threads() >= _cores() else 0
+    return 1 if _state.local_size() * torch.get_num_threads() >= usable_cores() else 0
 
 
 def _group_of(groups, params) -> dict:

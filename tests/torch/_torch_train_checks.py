@@ -87,7 +87,7 @@ def training_matches_single_process_on_the_global_batch(hvd):
 
 def overlapped_and_grouped_defaults_train_alike(hvd):
     """num_groups=None groups CPU gradients when the ranks have no spare core, else overlaps."""
-    from horovod_spark.torch.optimizer import _cores
+    from collectives.backends.native import usable_cores as _cores
 
     threads = torch.get_num_threads()
     try:
