@@ -9,7 +9,9 @@ dynamic allocation, GPU amounts), its per-job secret and log server (live rank
 output, failure records), its task machinery inside our task body
 (``_barrier.task_body`` runs ``_task.run_task`` on a thread while it spills), its
 failure analysis and its cleanup.  The stage itself is
-``prepared_df.mapInArrow(task_body, barrier=True)``.
+``prepared_df.mapInArrow(task_body, barrier=True)``, planned and submitted under
+``data.TRANSFER_CONF`` (no byte cap per Arrow batch, so the JVM does not size each
+batch row by row; the session's own values come back after the submit).
 
 The prepared DataFrame is repartitioned to ``num_proc`` only when it has another
 number of partitions.  If its own partitions leave a rank with no rows, or Spark
@@ -28,6 +30,7 @@ from typing import Any, Dict, Optional
 from horovod_spark.estimator._barrier import RESULT_SCHEMA, task_body
 from horovod_spark.estimator._census import EMPTY, OK, PROBLEM
 from horovod_spark.estimator._job import BarrierJob
+from horovod_spark.estimator.data import transfer_conf
 
 __all__ = ["run_fit"]
 
@@ -105,7 +108,8 @@ def _stage(spark, df, num_proc: int, job: BarrierJob, verbose: int):
     ok = False
     try:
         body = functools.partial(task_body, spec, job)
-        rows = df.mapInArrow(body, RESULT_SCHEMA, barrier=True).collect()
+        with transfer_conf(spark):  # planned and submitted with the transfer's confs
+            rows = df.mapInArrow(body, RESULT_SCHEMA, barrier=True).collect()
         ok = True
     except Exception as exc:  # Spark's account of a failed rank
         record = _driver.failure_of(server, exc, num_proc)
