@@ -341,6 +341,39 @@ def distributed_gradient_tape_keeps_nesting_and_none_gradients():
 
 
 @check
+def a_group_of_one_dtype_travels_packed_and_mixed_dtypes_do_not():
+    from horovod_spark.tensorflow import _basics
+
+    tf, hvd, r, n = _setup()
+    shapes = [(3, 4), (5,), (), (2, 1, 3)]
+    ws = [tf.Variable(np.full(s, 1.0, np.float32)) for s in shapes]
+    w64 = tf.Variable(np.ones(4, np.float64))
+
+    @tf.function
+    def grads(mixed):
+        with tf.GradientTape() as tape:
+            loss = sum(tf.reduce_sum(w * (r + 1.0) * (k + 1)) for k, w in enumerate(ws))
+            if mixed:
+                loss += tf.cast(tf.reduce_sum(w64 * (r + 1.0)), tf.float32)
+        tape = hvd.DistributedGradientTape(tape, op=hvd.Sum)
+        return tape.gradient(loss, ws + [w64] if mixed else ws)
+
+    total = n * (n + 1) / 2
+    eng = _basics.engine()
+    for mixed in (False, True):
+        before = eng.metrics()["allreduce_tensors"]
+        out = grads(mixed)
+        got = eng.metrics()["allreduce_tensors"] - before
+        for k, (g, s) in enumerate(zip(out, shapes)):
+            assert tuple(g.shape) == s and g.dtype == tf.float32
+            close(g, np.full(s, total * (k + 1)))
+        if mixed:
+            assert out[-1].dtype == tf.float64
+            close(out[-1], np.full(4, total))
+        assert got == (len(ws) + 1 if mixed else 1), (mixed, got)
+
+
+@check
 def sparse_gradients_are_allgathered_or_densified():
     tf, hvd, r, n = _setup()
     table = tf.Variable(np.zeros((5, 2), np.float32))

@@ -94,6 +94,10 @@ def test_distributed_gradient_tape_keeps_nesting_and_none_gradients(results):
     _ok(results, "distributed_gradient_tape_keeps_nesting_and_none_gradients")
 
 
+def test_a_gradient_group_of_one_dtype_travels_packed(results):
+    _ok(results, "a_group_of_one_dtype_travels_packed_and_mixed_dtypes_do_not")
+
+
 def test_sparse_gradients_are_allgathered_or_densified(results):
     _ok(results, "sparse_gradients_are_allgathered_or_densified")
 
