@@ -26,7 +26,7 @@ from typing import Mapping, Optional, Tuple
 from collectives._procs import failure_text, signal_name
 from collectives.errors import describe
 
-from . import _checks
+from . import _checks, _warm
 from ._output import LineSink, LogServer, parse_failure_markers
 from ._pickling import code_files, pickle_job, restore_frames
 from .progress import ENABLED as _PROGRESS_ENV
@@ -265,7 +265,8 @@ def _attempt(sc, payload: bytes, secret: bytes, job: str, limit: int, opts: JobO
     spec = TaskSpec(job=job, secret=secret, payload=payload,
                     log_address=server.address if server else None, env=opts.env,
                     show_output=opts.show_output, rank0_only=opts.rank0_only,
-                    result_limit=limit, executable=opts.executable)
+                    result_limit=limit, executable=opts.executable,
+                    warm=_warm.enabled(dict(opts.env)))
     tag = f"horovod-spark-{job.replace('/', '-')}"
     opts.say(2, f"{job}: {opts.np} ranks on {sc.master}")
     sc.addJobTag(tag)

@@ -2,7 +2,8 @@
 
 Terms.  Every task hosts a *task store* (a `StoreServer` bound to its
 executor's address) that its rank process connects to.  *Private* keys (the
-pickled function `{job}/fn`, the results `{job}/result/...`) live in the
+pickled function `{job}/fn`, the results `{job}/result/...`, the modules a
+rank imported `{job}/modules/...`, for the warm start) live in the
 task store.  *Shared* keys (every other key under `{job}/`: the mesh
 publications, the native backend's shared-memory name, the NCCL unique id)
 live in one *job store*: the task store of rank 0.  The *round* is the one
@@ -60,7 +61,8 @@ class SparkStore(StoreServer):
 
     def is_shared(self, key: str) -> bool:
         head = self.job + "/"
-        return key.startswith(head) and key != head + "fn" and not key.startswith(head + "result/")
+        return key.startswith(head) and key != head + "fn" and \
+            not key.startswith((head + "result/", head + "modules/"))
 
     # -- the round -----------------------------------------------------------
     def _start_round(self) -> None:

@@ -56,6 +56,7 @@ class TaskSpec:
     rank0_only: bool = False      # only rank 0 returns its value (HorovodRunner)
     result_limit: int = 0         # spark.driver.maxResultSize in bytes; 0: none
     executable: Optional[str] = None
+    warm: bool = True             # fork the rank from the worker's zygote when it has one
 
 
 class RankFailure(RuntimeError):
@@ -134,17 +135,27 @@ class RankProcess:
             self.server.close()
             raise
         self.log = LogClient(spec.log_address, spec.secret, spec.job, self.rank, on_abort=self.abort)
-        self.child: Optional[subprocess.Popen] = None
+        self.child = None  # subprocess.Popen, or _warm.WarmChild when forked from the zygote
+        self.env: dict = {}
+        self.warm = spec.warm
         self._pumps: list = []
 
     def start(self) -> None:
+        from . import _warm
+
         self.server.set(f"{self.spec.job}/fn", self.spec.payload)
         gpus = self.ctx.resources().get("gpu")
-        cmd = [self.spec.executable or sys.executable, "-m", "collectives.worker"]
-        self.child = subprocess.Popen(cmd, env=child_env(self.spec, self.renv, gpus),
-                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, start_new_session=True,
-                                      preexec_fn=_die_with_parent if _PRCTL else None)
+        executable = self.spec.executable or sys.executable
+        self.env = env = child_env(self.spec, self.renv, gpus)
+        self.warm = self.warm and gpus is None and _warm.enabled(env)
+        if self.warm:
+            env["HVS_WARM_REPORT"] = ",".join(_warm.REPORT)
+            self.child = _warm.spawn(executable, env)
+        if self.child is None:
+            self.child = subprocess.Popen([executable, "-m", "collectives.worker"], env=env,
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, start_new_session=True,
+                                          preexec_fn=_die_with_parent if _PRCTL else None)
         for pipe, stream in ((self.child.stdout, "stdout"), (self.child.stderr, "stderr")):
             t = threading.Thread(target=self._pump, args=(pipe, stream), daemon=True)
             t.start()
@@ -234,8 +245,22 @@ class RankProcess:
                 self.child.wait(timeout=5.0)
             except subprocess.TimeoutExpired:
                 pass
-        self.server.close()
-        self.log.close()
+        try:
+            self._prepare_warm_start()
+        finally:
+            self.server.close()
+            self.log.close()
+
+    def _prepare_warm_start(self) -> None:
+        """After a rank that succeeded: the zygote for the next job (see _warm)."""
+        key = f"{self.spec.job}/modules/{self.rank}"
+        if not self.warm or self.child is None or self.child.returncode != 0 or \
+                not self.server.check(key):
+            return
+        from . import _warm
+
+        imported = self.server.get(key).decode("ascii", "replace").split(",")
+        _warm.learn(self.spec.executable or sys.executable, self.env, imported)
 
 
 def run_task(spec: TaskSpec, _partition: Iterator) -> Iterator[Tuple[int, Optional[bytes]]]:

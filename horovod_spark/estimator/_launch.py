@@ -87,6 +87,7 @@ def _stage(spark, df, num_proc: int, job: BarrierJob, verbose: int):
     import cloudpickle
 
     from horovod_spark import _driver, progress
+    from horovod_spark import _warm
     from horovod_spark._task import TaskSpec
 
     sc = spark.sparkContext
@@ -100,7 +101,7 @@ def _stage(spark, df, num_proc: int, job: BarrierJob, verbose: int):
     server = _driver._log_server(sc, secret, job_id, opts)
     spec = TaskSpec(job=job_id, secret=secret, payload=b"",
                     log_address=server.address if server else None, show_output=opts.show_output,
-                    rank0_only=True, result_limit=limit, env=display.env)
+                    rank0_only=True, result_limit=limit, env=display.env, warm=_warm.enabled())
     if shown:  # the loops report each step themselves (progress.report)
         job = dataclasses.replace(job, train_fn=progress.Tracked(job.train_fn))
     tag = f"horovod-spark-{job_id.replace('/', '-')}"

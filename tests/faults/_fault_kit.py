@@ -43,7 +43,11 @@ class FaultJob:
 
     def env(self, tcp: bool = False, timeout: float = TIMEOUT,
             connect_timeout: float = CONNECT_TIMEOUT, **extra) -> dict:
-        env = {TAG_VAR: self.tag, "HOROVOD_SPARK_TIMEOUT": str(timeout),
+        # The tag is read from /proc/PID/environ, which a rank forked from a zygote does not
+        # carry (it shows the zygote's): these jobs start their ranks fresh.  Faults of warm
+        # ranks are tested in tests/spark/test_warm_start.py.
+        env = {TAG_VAR: self.tag, "HOROVOD_SPARK_WARM_START": "0",
+               "HOROVOD_SPARK_TIMEOUT": str(timeout),
                "HOROVOD_SPARK_CONNECT_TIMEOUT": str(connect_timeout),
                "HOROVOD_SPARK_FORCE_TCP": "1" if tcp else "0"}
         env.update({k: str(v) for k, v in extra.items()})

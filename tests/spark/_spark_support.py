@@ -98,14 +98,27 @@ def new_tag() -> str:
     return uuid.uuid4().hex
 
 
+def _forked_rank(proc) -> bool:
+    """A rank process forked from a zygote (horovod_spark._warm): its /proc environment is
+    the zygote's, so its tag cannot be read; every live one counts."""
+    try:
+        parent = proc.parent()
+        return parent is not None and "collectives.zygote" in " ".join(parent.cmdline()) and \
+            "collectives.zygote" in " ".join(proc.cmdline())
+    except psutil.Error:
+        return False
+
+
 def rank_processes(tag: str) -> list:
-    """Live rank processes (on any executor of this machine) of the job tagged `tag`."""
+    """Live rank processes (on any executor of this machine) of the job tagged `tag`, and
+    any rank forked from a zygote (whose tag cannot be read)."""
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         try:
-            if "collectives.worker" in " ".join(proc.info["cmdline"] or []) and \
-                    proc.environ().get("HVS_TEST_TAG") == tag and \
-                    proc.status() != psutil.STATUS_ZOMBIE:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if ("collectives.worker" in " ".join(proc.info["cmdline"] or []) and
+                    proc.environ().get("HVS_TEST_TAG") == tag) or _forked_rank(proc):
                 found.append(proc)
         except psutil.Error:
             continue

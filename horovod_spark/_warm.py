@@ -1,0 +1,250 @@
+"""Warm starts: a task's rank process forked from a zygote that has imported the job's modules.
+
+A rank process starts as `python -m collectives.worker` and then imports what
+its function needs; torch alone costs 1.5-3 s of CPU, paid by every rank of
+every job, while the task's partition waits.  The Python worker that ran the
+task stays alive for the next task (Spark reuses its Python workers), so after
+a job it keeps a *zygote* (`collectives.zygote`): a process with the same
+interpreter and environment that has imported the fork-safe heavy modules the
+last job's rank imported.  The next job's rank on that worker is forked from
+it and starts in milliseconds.
+
+Terms.  The *owner* is this module in the Python worker; it talks to its
+zygote over a private socketpair (nothing listens; see `collectives.zygote`).
+The zygote's *key* is its interpreter and the rank environment without the
+per-job variables (HVS_*, HOROVOD_RANK...): a job whose environment differs
+(another PYTHONPATH, OMP_NUM_THREADS, a user variable) starts its ranks
+fresh and leaves a zygote of its own key.  The *report*: a rank started with
+HVS_WARM_REPORT writes which of those modules it imported into the task's
+store; the task reads it when the rank has succeeded and prepares the
+zygote, in the background, for the next job.
+
+What is never warm: a rank with GPUs (a CUDA context must not cross a fork),
+TensorFlow, Keras and JAX (not fork-safe once imported; a rank that uses
+them still forks from a zygote of numpy/pyarrow), and any job run with
+HOROVOD_SPARK_WARM_START=0 on the driver or in its `env`.  A zygote that
+cannot start, dies or does not answer makes the task start its rank the
+ordinary way.
+
+Lifetime: the zygote dies with its owner's thread (the worker), forked ranks
+die with the zygote, and a zygote exits after HOROVOD_SPARK_ZYGOTE_IDLE_S (default 600)
+seconds without a job; `shutdown()` stops it at once.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import threading
+from typing import Mapping, Optional
+
+from collectives.zygote import MAX_PACKET, die_with_parent
+
+__all__ = ["enabled", "spawn", "learn", "shutdown", "WarmChild", "REPORT"]
+
+log = logging.getLogger("horovod_spark.warm")
+
+#: Fork-safe modules worth preloading, in import order; a rank reports which it imported.
+REPORT = ("numpy", "pyarrow", "pandas", "scipy", "sklearn", "torch", "torchvision",
+          "horovod_spark.torch")
+#: A zygote is kept only for a job that imported one of these (the rest is cheap).
+HEAVY = ("pyarrow", "pandas", "scipy", "sklearn", "torch", "torchvision")
+_RANK_KEYS = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
+              "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE")
+READY_TIMEOUT_S = 60.0  # a zygote still importing: wait this long before starting fresh
+ANSWER_TIMEOUT_S = 30.0
+
+_lock = threading.Lock()
+_zygote: Optional["_Owner"] = None
+
+
+def enabled(env: Optional[Mapping[str, str]] = None) -> bool:
+    """HOROVOD_SPARK_WARM_START (driver environment, or the job's env) is not 0/false/off."""
+    value = (env or {}).get("HOROVOD_SPARK_WARM_START",
+                            os.environ.get("HOROVOD_SPARK_WARM_START", "1"))
+    return str(value).strip().lower() not in ("0", "false", "no", "off")
+
+
+def zygote_env(env: Mapping[str, str]) -> dict:
+    """The rank environment without its per-job variables: the zygote's own."""
+    return {k: v for k, v in env.items() if not k.startswith("HVS_") and k not in _RANK_KEYS}
+
+
+def _key(executable: str, env: Mapping[str, str]) -> tuple:
+    return (executable, tuple(sorted(zygote_env(env).items())))
+
+
+class WarmChild:
+    """A forked rank process, as much of subprocess.Popen as the task uses."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: Optional[int] = None
+        self.stdout = self.stderr = None
+        self._exited_event = threading.Event()
+
+    def _exited(self, rc: int) -> None:
+        if self.returncode is None:
+            self.returncode = rc
+            self._exited_event.set()
+
+    def poll(self) -> Optional[int]:
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        if not self._exited_event.wait(timeout):
+            raise subprocess.TimeoutExpired(f"rank process {self.pid} (forked)", timeout)
+        return self.returncode
+
+
+class _Owner:
+    """One zygote: started on its own thread, which then reads its messages until it ends."""
+
+    def __init__(self, executable: str, env: Mapping[str, str], modules: list) -> None:
+        self.key, self.modules = _key(executable, env), list(modules)
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.ready = threading.Event()
+        self.dead: Optional[str] = None
+        self.proc: Optional[subprocess.Popen] = None
+        self._cond = threading.Condition()
+        self._answers: dict = {}
+        self._children: dict = {}
+        self._next = 0
+        self._thread = threading.Thread(target=self._run, name="hvs-zygote-owner",
+                                        args=(executable, zygote_env(env), theirs), daemon=True)
+        self._thread.start()
+
+    # -- the owner's thread: it started the zygote, so the zygote dies with it --
+    def _run(self, executable: str, env: dict, theirs: socket.socket) -> None:
+        try:
+            try:
+                fd = theirs.fileno()
+                self.proc = subprocess.Popen(
+                    [executable, "-m", "collectives.zygote", str(fd), *self.modules], env=env,
+                    pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                    start_new_session=True, preexec_fn=die_with_parent)
+            finally:
+                theirs.close()
+            while True:
+                data = self.sock.recv(MAX_PACKET)
+                if not data:
+                    break
+                self._on(json.loads(data))
+            self._die("the zygote exited")
+        except Exception as exc:  # cannot start, or the socket broke
+            self._die(f"{type(exc).__name__}: {exc}")
+        finally:
+            if self.proc is not None:
+                self.proc.wait()
+
+    def _on(self, msg: dict) -> None:
+        if "ready" in msg:
+            if msg.get("failed"):
+                log.info("zygote %s could not import %s", self.proc.pid, msg["failed"])
+            self.ready.set()
+        elif "unsupported" in msg:
+            self._die(msg["unsupported"])
+        elif "spawn" in msg:
+            child = WarmChild(msg["pid"]) if "pid" in msg else None
+            with self._cond:
+                if child is not None:
+                    self._children[child.pid] = child
+                self._answers[msg["spawn"]] = child if child is not None else msg.get("error", "?")
+                self._cond.notify_all()
+        elif "exit" in msg:
+            with self._cond:
+                child = self._children.pop(msg["exit"], None)
+            if child is not None:
+                child._exited(msg["status"])
+
+    def _die(self, why: str) -> None:
+        with self._cond:
+            if self.dead is None:
+                self.dead = why
+            children, self._children = self._children, {}
+            self._cond.notify_all()
+        self.ready.set()
+        for child in children.values():  # they die with the zygote (PR_SET_PDEATHSIG)
+            child._exited(-signal.SIGKILL)
+
+    # -- any thread --------------------------------------------------------
+    def spawn(self, env: Mapping[str, str], cwd: str) -> Optional[WarmChild]:
+        if not self.ready.wait(READY_TIMEOUT_S) or self.dead is not None:
+            return None
+        with self._cond:
+            self._next += 1
+            ident = self._next
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            socket.send_fds(self.sock, [json.dumps({"spawn": ident, "env": dict(env),
+                                                    "cwd": cwd}).encode()], [out_w, err_w])
+            with self._cond:
+                self._cond.wait_for(lambda: ident in self._answers or self.dead is not None,
+                                    ANSWER_TIMEOUT_S)
+                answer = self._answers.pop(ident, None)
+        except OSError as exc:
+            answer = f"{type(exc).__name__}: {exc}"
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        if not isinstance(answer, WarmChild):
+            os.close(out_r)
+            os.close(err_r)
+            log.info("no warm start (%s); starting the rank process fresh", answer or self.dead)
+            if answer is None:  # no answer in time: do not trust this zygote again
+                self.close()
+            return None
+        answer.stdout, answer.stderr = os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb")
+        return answer
+
+    def close(self) -> None:
+        """End the zygote: it sees the socket close, kills its children and exits."""
+        with self._cond:
+            if self.dead is None:
+                self.dead = "closed by its owner"
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the owner's thread's recv
+        except OSError:
+            pass
+        self.sock.close()
+
+
+def spawn(executable: str, env: Mapping[str, str]) -> Optional[WarmChild]:
+    """A rank process forked from this worker's zygote of the same key, or None."""
+    with _lock:
+        owner = _zygote
+    if owner is None or owner.dead is not None or owner.key != _key(executable, env):
+        return None
+    return owner.spawn(env, os.getcwd())
+
+
+def learn(executable: str, env: Mapping[str, str], imported: list) -> None:
+    """After a rank succeeded: keep a zygote that preloads what it imported (background)."""
+    global _zygote
+    modules = [m for m in REPORT if m in imported]
+    if not any(m in HEAVY for m in modules):
+        return
+    key = _key(executable, env)
+    with _lock:
+        owner = _zygote
+        if owner is not None and owner.dead is None and owner.key == key and \
+                set(modules) <= set(owner.modules):
+            return
+        if owner is not None:
+            owner.close()
+        if owner is not None and owner.key == key:  # keep what the last one had, too
+            modules = [m for m in REPORT if m in modules or m in owner.modules]
+        _zygote = _Owner(executable, env, modules)
+
+
+def shutdown() -> None:
+    """Stop this worker's zygote, if any."""
+    global _zygote
+    with _lock:
+        owner, _zygote = _zygote, None
+    if owner is not None:
+        owner.close()

@@ -1,0 +1,217 @@
+"""The zygote and its owner (collectives.zygote, horovod_spark._warm) with real processes.
+
+A forked rank runs the real `collectives.worker` against a real authenticated
+store: it fetches its function, runs it and writes its result, as a rank the
+Spark task starts fresh would.  No Spark here: tests/spark/test_warm_start.py
+runs the same path under barrier tasks.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import cloudpickle
+import psutil
+import pytest
+
+from collectives.launch import rank_envs
+from collectives.store import StoreServer
+from horovod_spark import _warm
+
+pytestmark = pytest.mark.timeout(120)
+
+SECRET = b"z" * 32
+JOB = "zygote-test/a0"
+
+
+def _gone(pids, timeout: float = 20.0) -> list:
+    """The pids still alive (not zombies) after `timeout` seconds (expected: none)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = []
+        for pid in pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def store():
+    server = StoreServer("127.0.0.1", 0, SECRET)
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def owner():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    own = _warm._Owner(sys.executable, env, ["numpy"])
+    yield own, env
+    own.close()
+    if own.proc is not None:
+        own.proc.wait(timeout=20)
+
+
+def _rank_env(env: dict, store: StoreServer, rank: int = 0, size: int = 1) -> dict:
+    renv = rank_envs(size, store.address, SECRET, JOB)[rank]
+    return dict(env, **renv.to_environ(), HVS_WARM_REPORT=",".join(_warm.REPORT))
+
+
+def _spawn(owner, env, fn, store, *args):
+    store.set(f"{JOB}/fn", cloudpickle.dumps((fn, args, {})))
+    child = owner.spawn(env, os.getcwd())
+    assert child is not None, f"no warm start: {owner.dead}"
+    return child
+
+
+def _facts(word):
+    import os
+    import random
+    import sys
+    print(f"out {word}", flush=True)
+    print(f"err {word}", file=sys.stderr, flush=True)
+    return {"numpy": "numpy" in sys.modules, "pid": os.getpid(), "ppid": os.getppid(),
+            "word": os.environ.get("WARM_WORD"), "random": random.random(),
+            "sid": os.getsid(0), "stdin": os.read(0, 1)}
+
+
+def test_a_forked_rank_runs_its_function_with_its_own_environment(owner, store):
+    own, env = owner
+    results = []
+    for word in ("one", "two"):
+        child = _spawn(own, dict(_rank_env(env, store), WARM_WORD=word), _facts, store, word)
+        out, err = child.stdout.read(), child.stderr.read()
+        assert child.wait(timeout=30) == 0, err.decode()
+        status, value = cloudpickle.loads(store.get(f"{JOB}/result/0"))
+        assert status == "ok"
+        results.append(value)
+        assert out.decode() == f"out {word}\n" and err.decode() == f"err {word}\n"
+        assert store.get(f"{JOB}/modules/0").decode().split(",") == ["numpy"]
+        store.delete(f"{JOB}/result/0")
+    for word, facts in zip(("one", "two"), results):
+        assert facts["numpy"] and facts["word"] == word
+        assert facts["ppid"] == own.proc.pid  # forked by the zygote
+        assert facts["sid"] == facts["pid"]  # its own session: killpg reaches its children
+        assert facts["stdin"] == b""  # /dev/null
+    assert results[0]["pid"] != results[1]["pid"]
+    assert results[0]["random"] != results[1]["random"], "forks share the zygote's random state"
+
+
+def _exit_with(code):
+    import os
+    os._exit(code)
+
+
+def _kill_self():
+    import os
+    import signal
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_exit_statuses_come_back_as_popen_returncodes(owner, store):
+    own, env = owner
+    child = _spawn(own, _rank_env(env, store), _exit_with, store, 7)
+    assert child.wait(timeout=30) == 7
+    child = _spawn(own, _rank_env(env, store), _kill_self, store)
+    assert child.wait(timeout=30) == -signal.SIGKILL
+
+
+def test_a_rank_without_its_environment_fails_like_a_fresh_one(owner, store):
+    own, env = owner
+    child = own.spawn({k: v for k, v in env.items() if not k.startswith("HVS_")}, os.getcwd())
+    assert child.wait(timeout=30) == 2
+    assert b"no rank environment" in child.stderr.read()
+
+
+def _sleep():
+    import time
+    time.sleep(600)
+
+
+def test_closing_the_owner_kills_the_zygote_and_its_ranks(owner, store):
+    own, env = owner
+    child = _spawn(own, _rank_env(env, store), _sleep, store)
+    with pytest.raises(subprocess.TimeoutExpired):
+        child.wait(timeout=0.2)
+    own.close()
+    assert child.wait(timeout=20) == -signal.SIGKILL
+    assert own.proc.wait(timeout=20) == 0
+    assert _gone([child.pid, own.proc.pid]) == []
+    assert own.spawn(_rank_env(env, store), os.getcwd()) is None  # and it starts nothing
+
+
+OWNER_SCRIPT = textwrap.dedent("""
+    import os, sys, time, cloudpickle
+    from collectives.launch import rank_envs
+    from collectives.store import StoreServer
+    from horovod_spark import _warm
+    store = StoreServer("127.0.0.1", 0, b"z" * 32)
+    renv = rank_envs(1, store.address, b"z" * 32, "j/a0")[0]
+    def sleep():
+        import time
+        time.sleep(600)
+    store.set("j/a0/fn", cloudpickle.dumps((sleep, (), {})))
+    own = _warm._Owner(sys.executable, dict(os.environ), ["numpy"])
+    child = own.spawn(dict(os.environ, **renv.to_environ()), os.getcwd())
+    print(own.proc.pid, child.pid, flush=True)
+    time.sleep(600)
+""")
+
+
+def test_a_killed_owner_takes_the_zygote_and_its_ranks_with_it():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.Popen([sys.executable, "-c", OWNER_SCRIPT], env=env, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        zygote, child = map(int, proc.stdout.readline().split())
+        assert psutil.Process(child).ppid() == zygote
+        proc.kill()
+        proc.wait(timeout=10)
+        assert _gone([zygote, child]) == []
+    finally:
+        proc.kill()
+
+
+def test_an_idle_zygote_exits_by_itself(store):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+               HOROVOD_SPARK_ZYGOTE_IDLE_S="0.5")
+    own = _warm._Owner(sys.executable, env, [])
+    try:
+        assert own.ready.wait(30)
+        assert own.proc.wait(timeout=20) == 0
+        deadline = time.monotonic() + 10
+        while own.dead is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert own.dead == "the zygote exited"
+        assert own.spawn(_rank_env(env, store), os.getcwd()) is None
+    finally:
+        own.close()
+
+
+def test_learn_keeps_a_zygote_only_for_heavy_fork_safe_modules():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    try:
+        _warm.learn(sys.executable, env, ["numpy", "tensorflow", "keras"])
+        assert _warm._zygote is None  # numpy is cheap; TensorFlow and Keras are never preloaded
+        _warm.learn(sys.executable, env, ["numpy", "pyarrow", "tensorflow"])
+        first = _warm._zygote
+        assert first is not None and first.modules == ["numpy", "pyarrow"]
+        _warm.learn(sys.executable, dict(env, HVS_RANK="1", HVS_SECRET="00"), ["pyarrow"])
+        assert _warm._zygote is first  # same key (per-job variables aside), nothing new
+        _warm.learn(sys.executable, env, ["pandas"])
+        assert _warm._zygote is not first and first.dead is not None
+        assert _warm._zygote.modules == ["numpy", "pyarrow", "pandas"]  # the union, in order
+        _warm.learn(sys.executable, dict(env, WARM_TEST_KEY="other"), ["pyarrow"])
+        assert _warm._zygote.modules == ["pyarrow"]  # another key: a zygote of its own
+    finally:
+        _warm.shutdown()
+    assert _warm._zygote is None

@@ -1,0 +1,204 @@
+"""Warm starts on a real local[2] session: the second job's ranks fork from the workers' zygotes.
+
+Every job here carries a fresh WARM_TEST_RUN value in its env, so its zygote
+key is new to the session's Python workers: the first job of a key starts its
+ranks fresh, the next ones fork them (horovod_spark._warm).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import psutil
+import pytest
+
+from _spark_support import (REPO, by_value, fast_jvm_env, start_session, stop_session,
+                            wait_until_no_rank_processes)
+
+import horovod_spark
+from horovod_spark import JobFailedError
+
+by_value(__name__)
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(240)]
+
+
+@pytest.fixture(scope="module")
+def spark():
+    session = start_session("local[2]")
+    yield session
+    stop_session(session)
+
+
+def new_key() -> dict:
+    return {"WARM_TEST_RUN": uuid.uuid4().hex}
+
+
+def probe(note_dir=None):
+    """What a rank finds at its start (before it imports anything), then one allreduce."""
+    import os
+    import random
+    import sys
+
+    import psutil
+    preloaded = "torch" in sys.modules
+    parent = " ".join(psutil.Process(os.getppid()).cmdline())
+    import torch
+
+    import horovod_spark.torch as hvd
+    hvd.init()
+    total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum).item()
+    return {"preloaded": preloaded, "forked": "collectives.zygote" in parent,
+            "pid": os.getpid(), "random": random.random(), "total": total,
+            "value": os.environ.get("HVS_TEST_VALUE"), "rank": hvd.rank(),
+            "sid": os.getsid(0)}
+
+
+def test_the_next_job_forks_its_ranks_from_a_zygote_with_torch_imported(spark):
+    key = new_key()
+    first = horovod_spark.run(probe, num_proc=2, env=dict(key, HVS_TEST_VALUE="a"))
+    assert [r["forked"] for r in first] == [False, False]
+    assert [r["total"] for r in first] == [3.0, 3.0]
+    second = horovod_spark.run(probe, num_proc=2, env=dict(key, HVS_TEST_VALUE="b"))
+    third = horovod_spark.run(probe, num_proc=2, env=dict(key, HVS_TEST_VALUE="c"))
+    for job, value in ((second, "b"), (third, "c")):
+        assert [r["forked"] for r in job] == [True, True]
+        assert [r["preloaded"] for r in job] == [True, True]
+        assert [r["total"] for r in job] == [3.0, 3.0]
+        assert [r["rank"] for r in job] == [0, 1]
+        assert [r["value"] for r in job] == [value, value]  # this job's env, not the zygote's
+        assert all(r["sid"] == r["pid"] for r in job)  # its own session, as a fresh rank
+    pids = [r["pid"] for job in (first, second, third) for r in job]
+    assert len(set(pids)) == 6
+    randoms = [r["random"] for job in (second, third) for r in job]
+    assert len(set(randoms)) == 4, "forked ranks share the zygote's random state"
+
+
+def test_a_job_with_another_environment_starts_fresh(spark):
+    key = new_key()
+    horovod_spark.run(probe, num_proc=2, env=key)
+    assert [r["forked"] for r in horovod_spark.run(probe, num_proc=2, env=key)] == [True, True]
+    other = horovod_spark.run(probe, num_proc=2, env=dict(key, WARM_TEST_OTHER="1"))
+    assert [r["forked"] for r in other] == [False, False]
+
+
+def test_warm_start_is_off_with_horovod_spark_warm_start_0(spark, monkeypatch):
+    key = new_key()
+    horovod_spark.run(probe, num_proc=2, env=key)
+    monkeypatch.setenv("HOROVOD_SPARK_WARM_START", "0")  # on the driver
+    assert [r["forked"] for r in horovod_spark.run(probe, num_proc=2, env=key)] == [False, False]
+    monkeypatch.delenv("HOROVOD_SPARK_WARM_START")
+    assert [r["forked"] for r in horovod_spark.run(probe, num_proc=2, env=key)] == [True, True]
+
+
+def _alive(pids, timeout: float = 30.0) -> list:
+    """Those of pids still alive (not zombies) after `timeout` seconds (expected: none)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = []
+        for pid in pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
+def fail_on_rank_1(how, note_dir):
+    import os
+    import signal
+    import sys
+    import time
+
+    import psutil
+    rank = int(os.environ["HVS_RANK"])
+    forked = "collectives.zygote" in " ".join(psutil.Process(os.getppid()).cmdline())
+    with open(os.path.join(note_dir, f"rank{rank}"), "w") as f:
+        f.write(f"{int(forked)} {os.getpid()}")
+    if rank == 1:
+        if how == "exit":
+            sys.stdout.flush()
+            os._exit(7)
+        if how == "signal":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise ValueError("rank 1 gives up")
+    time.sleep(600)  # rank 0 waits until the job is aborted
+
+
+@pytest.mark.parametrize("how,text", [
+    ("exit", "exited with status 7"),
+    ("signal", "killed by signal SIGKILL"),
+    ("raise", "ValueError: rank 1 gives up"),
+])
+def test_a_forked_rank_that_fails_is_named_and_nothing_is_left(spark, tmp_path, how, text):
+    key = new_key()
+    horovod_spark.run(probe, num_proc=2, env=key)
+    t0 = time.monotonic()
+    with pytest.raises(JobFailedError, match=text) as info:
+        horovod_spark.run(fail_on_rank_1, args=(how, str(tmp_path)), num_proc=2, env=key)
+    assert "rank 1" in str(info.value)
+    assert time.monotonic() - t0 < 120  # rank 0, asleep, was aborted, not waited for
+    notes = {name: (tmp_path / name).read_text().split() for name in ("rank0", "rank1")}
+    assert [notes[n][0] for n in ("rank0", "rank1")] == ["1", "1"], "the ranks were not forked"
+    pids = [int(notes[n][1]) for n in notes]
+    assert wait_until_no_rank_processes("no-tag") == []
+    assert _alive(pids) == []
+    # Spark kills the Python worker of a killed task, and its zygote with it: the next job
+    # may start fresh there; the one after is warm again.
+    again = horovod_spark.run(probe, num_proc=2, env=key)
+    assert [r["total"] for r in again] == [3.0, 3.0]
+    assert [r["forked"] for r in horovod_spark.run(probe, num_proc=2, env=key)] == [True, True]
+
+
+DRIVER = textwrap.dedent("""
+    import os, sys, time
+    sys.path.insert(0, {tests!r})
+    from _spark_support import start_session
+    import horovod_spark
+
+    def probe():
+        import os, time, psutil
+        return os.getpid(), psutil.Process(os.getppid()).pid
+
+    def sleeper(path):
+        import os, time
+        with open(os.path.join(path, str(os.environ["HVS_RANK"])), "w") as f:
+            f.write(str(os.getpid()))
+        time.sleep(600)
+
+    spark = start_session("local[2]")
+    horovod_spark.run(probe, num_proc=2)
+    zygotes = [z for _, z in horovod_spark.run(probe, num_proc=2)]
+    print(" ".join(map(str, zygotes)), flush=True)
+    horovod_spark.run(sleeper, args=({path!r},), num_proc=2)
+""")
+
+
+def test_a_killed_driver_leaves_no_zygote_and_no_forked_rank(tmp_path):
+    """The chain: driver gone -> JVM -> Python workers -> their zygotes -> forked ranks."""
+    script = DRIVER.format(tests=os.path.dirname(__file__), path=str(tmp_path))
+    env = fast_jvm_env(dict(os.environ, PYTHONPATH=REPO, PYSPARK_PYTHON=sys.executable))
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        zygotes = [int(p) for p in proc.stdout.readline().split()]
+        assert len(zygotes) == 2, "the driver script did not get to its warm job"
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        ranks = [int((tmp_path / str(r)).read_text()) for r in (0, 1)]
+        assert {psutil.Process(r).ppid() for r in ranks} == set(zygotes)
+        proc.kill()
+        proc.wait(timeout=10)
+        assert _alive(zygotes + ranks, timeout=60) == [], "left behind by a killed driver"
+    finally:
+        try:
+            os.killpg(proc.pid, 9)
+        except ProcessLookupError:
+            pass
