@@ -1,10 +1,20 @@
 """Launch overhead: horovod_spark.run vs PySpark's TorchDistributor on one warm session.
 
-    python benchmarks/launch.py [--np 2] [--reps 7] [--master local[2]] [--cases noop,bootstrap]
+    python benchmarks/launch.py [--np 2] [--reps 7] [--master local[2]]
+                                [--cases noop,bootstrap,torch]
 
-Two cases, each timed end to end on the driver (submit, start ranks, run, gather):
+Three cases, each timed end to end on the driver (submit, start ranks, run, gather):
   noop       run(lambda: 0)                           vs  TorchDistributor.run(lambda: 0)
-  bootstrap  init + one 1 MiB float32 allreduce       vs  init_process_group("gloo") + all_reduce
+  bootstrap  collectives.init + one 1 MiB float32     vs  init_process_group("gloo") + all_reduce
+             allreduce (no framework)
+  torch      import torch, hvd.init + one 1 MiB       vs  the same as bootstrap (which imports
+             hvd.allreduce                                torch too)
+
+Runners: horovod_spark as it ships (warm starts, the driver's job store);
+``hs no-warm`` with HOROVOD_SPARK_WARM_START=0 (every rank a fresh python);
+``hs allGather`` with warm starts off and HOROVOD_SPARK_RENDEZVOUS=spark (the
+ranks meet through one BarrierTaskContext.allGather: how a job started before
+both existed); and TorchDistributor.
 
 Both run np barrier tasks (TorchDistributor with local_mode=False: one torchrun per
 task).  Each is warmed up first (Python workers started, imports cached), then timed
@@ -35,6 +45,16 @@ def ours_bootstrap():
     comm = collectives.init()
     comm.allreduce(np.ones(1 << 18, dtype=np.float32))
     comm.close()
+    return 0
+
+
+def ours_torch():
+    import torch
+
+    import horovod_spark.torch as hvd
+    hvd.init()
+    hvd.allreduce(torch.ones(1 << 18, dtype=torch.float32))
+    hvd.shutdown()
     return 0
 
 
@@ -90,20 +110,40 @@ def measure(np_: int, reps: int, cases) -> tuple:
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     distributor = TorchDistributor(num_processes=np_, local_mode=False, use_gpu=False)
     runners = {
-        "noop": (lambda: horovod_spark.run(ours_noop, num_proc=np_),
-                 lambda: distributor.run(torch_noop)),
-        "bootstrap": (lambda: horovod_spark.run(ours_bootstrap, num_proc=np_),
-                      lambda: distributor.run(torch_bootstrap)),
+        "noop": (ours_noop, torch_noop),
+        "bootstrap": (ours_bootstrap, torch_bootstrap),
+        "torch": (ours_torch, torch_bootstrap),
     }
+    variants = {"horovod_spark": {}, "hs no-warm": {"HOROVOD_SPARK_WARM_START": "0"},
+                "hs allGather": {"HOROVOD_SPARK_WARM_START": "0",
+                                 "HOROVOD_SPARK_RENDEZVOUS": "spark"}}
+
+    def ours(fn, env):
+        def run():
+            saved = {k: os.environ.get(k) for k in env}
+            os.environ.update(env)
+            try:
+                horovod_spark.run(fn, num_proc=np_)
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+        return run
+
     out, failures = {}, []
-    for case, (ours, theirs) in runners.items():
+    for case, (our_fn, their_fn) in runners.items():
         if case not in cases:
             continue
-        ours()
-        _timed_retrying(theirs, failures)  # warm up: Python workers, imports
-        times = {"horovod_spark": [], "TorchDistributor": []}
+        theirs = lambda: distributor.run(their_fn)  # noqa: E731
+        for env in variants.values():
+            ours(our_fn, env)()  # warm up: Python workers, imports, zygotes
+        _timed_retrying(theirs, failures)
+        times = {name: [] for name in [*variants, "TorchDistributor"]}
         for _ in range(reps):
-            times["horovod_spark"].append(_timed(ours))
+            for name, env in variants.items():
+                times[name].append(_timed(ours(our_fn, env)))
             times["TorchDistributor"].append(_timed_retrying(theirs, failures))
         out[case] = times
     return out, failures
@@ -111,7 +151,8 @@ def measure(np_: int, reps: int, cases) -> tuple:
 
 def report(results: dict) -> list:
     rows = []
-    print(f"{'case':<10} {'runner':<17} {'median s':>9} {'min s':>7} {'ratio':>7}")
+    print(f"{'case':<10} {'runner':<17} {'median s':>9} {'min s':>7} {'ratio':>7}   "
+          "(ratio: median / TorchDistributor's)")
     for case, times in results.items():
         base = statistics.median(times["TorchDistributor"])
         for runner, ts in times.items():
@@ -128,7 +169,8 @@ def main() -> int:
     p.add_argument("--np", type=int, default=2)
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--master", default="local[2]")
-    p.add_argument("--cases", default="noop,bootstrap", help="comma-separated: noop, bootstrap")
+    p.add_argument("--cases", default="noop,bootstrap,torch",
+                   help="comma-separated: noop, bootstrap, torch")
     p.add_argument("--out", default=os.path.join(HERE, "results", "launch.json"))
     ns = p.parse_args()
     spark = _session(ns.master)

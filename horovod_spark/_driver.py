@@ -239,6 +239,22 @@ def _log_server(sc, secret: bytes, job: str, opts: JobOptions) -> Optional[LogSe
         return None
 
 
+def job_store(sc, secret: bytes, opts: JobOptions):
+    """The attempt's rendezvous store on the driver (see _spark_store), or None: the tasks
+    then meet through Spark's allGather (HOROVOD_SPARK_RENDEZVOUS=spark, or no listening)."""
+    from collectives.store import StoreServer
+
+    if os.environ.get("HOROVOD_SPARK_RENDEZVOUS", "driver").strip().lower() == "spark":
+        return None
+    host = sc.getConf().get("spark.driver.host", "127.0.0.1")
+    try:
+        return StoreServer(host, 0, secret)
+    except OSError as exc:
+        opts.say(1, f"warning: ranks meet through Spark's allGather (about a second more): "
+                    f"cannot listen on the driver address {host}: {exc}")
+        return None
+
+
 def run_on_spark(spark, fn, args, kwargs, opts: JobOptions) -> list:
     """One barrier stage of opts.np tasks per attempt; every rank's value in rank order."""
     sc = spark.sparkContext
@@ -262,11 +278,13 @@ def _attempt(sc, payload: bytes, secret: bytes, job: str, limit: int, opts: JobO
     from ._task import TaskSpec, run_task
 
     server = _log_server(sc, secret, job, opts)
+    store = job_store(sc, secret, opts)
     spec = TaskSpec(job=job, secret=secret, payload=payload,
                     log_address=server.address if server else None, env=opts.env,
                     show_output=opts.show_output, rank0_only=opts.rank0_only,
                     result_limit=limit, executable=opts.executable,
-                    warm=_warm.enabled(dict(opts.env)))
+                    warm=_warm.enabled(dict(opts.env)),
+                    job_store=store.address if store else None)
     tag = f"horovod-spark-{job.replace('/', '-')}"
     opts.say(2, f"{job}: {opts.np} ranks on {sc.master}")
     sc.addJobTag(tag)
@@ -279,23 +297,27 @@ def _attempt(sc, payload: bytes, secret: bytes, job: str, limit: int, opts: JobO
         record = failure_of(server, exc, opts.np)
         raise JobFailedError(record, attempt, opts.max_restarts + 1, files) from None
     finally:
-        _finish(sc, server, tag, ok, opts.np)
+        _finish(sc, server, tag, ok, opts.np, store)
     return _values(rows, opts)
 
 
-def _finish(sc, server: Optional[LogServer], tag: str, ok: bool, np_: int) -> None:
+def _finish(sc, server: Optional[LogServer], tag: str, ok: bool, np_: int, store=None) -> None:
     try:
         if not ok:
             sc.cancelJobsWithTag(tag)
         sc.removeJobTag(tag)
     finally:
-        if server is not None:
-            if ok:
-                server.wait_done(range(np_), DRAIN)
-            else:  # kill the ranks still running now, not when Spark gets to it
-                server.abort_all()
-                server.wait_disconnected(DRAIN)
-            server.close()
+        try:
+            if server is not None:
+                if ok:
+                    server.wait_done(range(np_), DRAIN)
+                else:  # kill the ranks still running now, not when Spark gets to it
+                    server.abort_all()
+                    server.wait_disconnected(DRAIN)
+                server.close()
+        finally:
+            if store is not None:
+                store.close()
 
 
 def _values(rows, opts: JobOptions) -> list:

@@ -3,23 +3,31 @@
 Terms.  Every task hosts a *task store* (a `StoreServer` bound to its
 executor's address) that its rank process connects to.  *Private* keys (the
 pickled function `{job}/fn`, the results `{job}/result/...`, the modules a
-rank imported `{job}/modules/...`, for the warm start) live in the
-task store.  *Shared* keys (every other key under `{job}/`: the mesh
-publications, the native backend's shared-memory name, the NCCL unique id)
-live in one *job store*: the task store of rank 0.  The *round* is the one
-`BarrierTaskContext.allGather` in which every task learns the job store's
-address; it runs once per job attempt, when the task's rank first touches a
-shared key, and never for a function that never calls `collectives.init()`.
+rank imported `{job}/modules/...`, for the warm start) live in the task store.
+*Shared* keys (every other key under `{job}/`: the mesh publications, the
+native backend's shared-memory name, the NCCL unique id) live in one *job
+store*, which every task store forwards them to.
+
+The job store is, by default, a `StoreServer` the driver runs for the job
+attempt on its own address (spark.driver.host, which every executor reaches
+already), under the job secret: its address travels in the task spec, so no
+task has to find it.  Where the driver cannot serve one (it cannot listen, or
+HOROVOD_SPARK_RENDEZVOUS=spark), the job store is the task store of rank 0,
+and the *round*, one `BarrierTaskContext.allGather`, tells every task its
+address; the round runs once per job attempt, when the task's rank first
+touches a shared key, and never for a function that never calls
+`collectives.init()`.  Each allGather costs about a second here (PySpark
+polls its barrier RPC once a second), which is why the driver's store is the
+default.
 
 So a rank's store traffic is: private keys locally; shared keys forwarded to
-the job store (rank 0's task serves them itself), over connections that run
-the HMAC handshake with the job secret like every other.  Forwarding, not
-replaying rounds, is why any pattern of store use works (one rank sets, the
-others wait; atomic counters) at the cost of exactly one allGather, about a
-second on Spark, whose barrier RPC is polled once a second.
+the job store, over connections that run the HMAC handshake with the job
+secret like every other.  Forwarding, not replaying rounds, is why any
+pattern of store use works (one rank sets, the others wait; atomic counters).
 
 A round that never completes (a rank that never calls init()) fails the
-waiting rank's store request after `round_timeout`, with a message naming it.
+waiting rank's store request after `round_timeout`, with a message naming it;
+a driver store that cannot be reached fails it with the address and the switch.
 """
 from __future__ import annotations
 
@@ -27,7 +35,7 @@ import json
 import threading
 from typing import Callable, List, Optional
 
-from collectives.errors import CollectiveTimeout, describe
+from collectives.errors import CollectiveTimeout, PeerLostError, describe
 from collectives.store import StoreServer, TCPStore
 
 __all__ = ["SparkStore"]
@@ -43,10 +51,12 @@ class SparkStore(StoreServer):
         rank: this task's rank; rank 0 serves the shared keys itself.
         all_gather: `BarrierTaskContext.allGather` (str -> list of str in rank order).
         size: the number of tasks.
+        job_store: host:port of the driver's job store; None: rank 0's, found by a round.
     """
 
     def __init__(self, bind: str, secret: bytes, job: str, rank: int, size: int,
-                 all_gather: Callable[[str], List[str]], round_timeout: float = 300.0) -> None:
+                 all_gather: Callable[[str], List[str]], round_timeout: float = 300.0,
+                 job_store: Optional[str] = None, connect_timeout: float = 60.0) -> None:
         super().__init__(bind, 0, secret)
         self.job, self.rank, self.size = job.rstrip("/"), rank, size
         self._all_gather, self._round_timeout = all_gather, round_timeout
@@ -54,7 +64,8 @@ class SparkStore(StoreServer):
         self._round_started = False
         self._round_done = threading.Event()
         self._round_error: Optional[BaseException] = None
-        self.job_store: Optional[str] = self.address if rank == 0 else None
+        self.on_driver, self._connect_timeout = job_store is not None, connect_timeout
+        self.job_store: Optional[str] = job_store or (self.address if rank == 0 else None)
         self._tls = threading.local()
         self._clients: list = []
         self.rounds = 0
@@ -90,7 +101,9 @@ class SparkStore(StoreServer):
             self._round_done.set()
 
     def _job_store(self) -> Optional[TCPStore]:
-        """A client of the job store for this connection's thread; None on rank 0."""
+        """A client of the job store for this connection's thread; None where it is this one."""
+        if self.on_driver:
+            return self._client()
         self._start_round()
         if self.rank == 0:
             return None
@@ -101,9 +114,22 @@ class SparkStore(StoreServer):
                 hint="does every rank call collectives.init() the same number of times?"))
         if self._round_error is not None:
             raise self._round_error
+        return self._client()
+
+    def _client(self) -> TCPStore:
         client = getattr(self._tls, "client", None)
         if client is None:
-            client = TCPStore.connect(self.job_store, self._secret)
+            try:
+                client = TCPStore.connect(self.job_store, self._secret, self._connect_timeout)
+            except PeerLostError as exc:
+                if not self.on_driver:
+                    raise
+                raise PeerLostError(describe(
+                    f"cannot reach the job's rendezvous store on the driver: {exc}",
+                    rank=self.rank, size=self.size, op="rendezvous", address=self.job_store,
+                    hint="executors must reach the driver's address (spark.driver.host) on "
+                         "any port; or set HOROVOD_SPARK_RENDEZVOUS=spark on the driver to meet "
+                         "through Spark's allGather (about a second more per job)")) from exc
             self._tls.client = client
             self._clients.append(client)
         return client

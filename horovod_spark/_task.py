@@ -57,6 +57,7 @@ class TaskSpec:
     result_limit: int = 0         # spark.driver.maxResultSize in bytes; 0: none
     executable: Optional[str] = None
     warm: bool = True             # fork the rank from the worker's zygote when it has one
+    job_store: Optional[str] = None  # host:port of the driver's job store (None: allGather)
 
 
 class RankFailure(RuntimeError):
@@ -128,7 +129,7 @@ class RankProcess:
         self.aborted = False
         self.tail: collections.deque = collections.deque(maxlen=TAIL)
         self.server = SparkStore(hosts[self.rank], spec.secret, spec.job, self.rank, self.size,
-                                 ctx.allGather)
+                                 ctx.allGather, job_store=spec.job_store)
         try:
             self.renv = placement(hosts, self.rank, spec, self.server.address)
         except BaseException:

@@ -99,9 +99,11 @@ def _stage(spark, df, num_proc: int, job: BarrierJob, verbose: int):
     limit = _driver._checks_before_submit(sc, opts)
     secret, job_id = os.urandom(32), f"hvs-fit-{uuid.uuid4().hex[:12]}/a0"
     server = _driver._log_server(sc, secret, job_id, opts)
+    store = _driver.job_store(sc, secret, opts)
     spec = TaskSpec(job=job_id, secret=secret, payload=b"",
                     log_address=server.address if server else None, show_output=opts.show_output,
-                    rank0_only=True, result_limit=limit, env=display.env, warm=_warm.enabled())
+                    rank0_only=True, result_limit=limit, env=display.env, warm=_warm.enabled(),
+                    job_store=store.address if store else None)
     if shown:  # the loops report each step themselves (progress.report)
         job = dataclasses.replace(job, train_fn=progress.Tracked(job.train_fn))
     tag = f"horovod-spark-{job_id.replace('/', '-')}"
@@ -117,7 +119,7 @@ def _stage(spark, df, num_proc: int, job: BarrierJob, verbose: int):
         raise _driver.JobFailedError(record) from None
     finally:
         try:
-            _driver._finish(sc, server, tag, ok, num_proc)
+            _driver._finish(sc, server, tag, ok, num_proc, store)
         finally:
             display.close()
     for row in sorted(rows, key=lambda r: r.partition):

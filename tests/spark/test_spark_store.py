@@ -15,7 +15,7 @@ import pytest
 import _spark_support  # noqa: F401  (puts the repository on sys.path)
 
 from collectives.errors import CollectiveError
-from collectives.store import TCPStore
+from collectives.store import InMemoryStore, StoreServer, TCPStore
 from horovod_spark._spark_store import SparkStore
 
 SECRET = os.urandom(32)
@@ -130,3 +130,51 @@ def test_a_client_without_the_secret_never_reaches_the_store(stores):
     with pytest.raises(CollectiveError):
         TCPStore.connect(servers[0].address, os.urandom(32), timeout=2).set(f"{JOB}/x", b"1")
     assert not servers[0].check(f"{JOB}/x")
+
+
+def _no_round(msg):
+    raise AssertionError("allGather was called although the driver serves the job store")
+
+
+def test_with_a_driver_store_the_ranks_meet_there_without_a_round():
+    driver = StoreServer("127.0.0.1", 0, SECRET)
+    servers = [SparkStore("127.0.0.1", SECRET, JOB, r, 2, _no_round, job_store=driver.address)
+               for r in range(2)]
+    clients = [TCPStore.connect(s.address, SECRET) for s in servers]
+    try:
+        got = []
+        waiter = threading.Thread(target=lambda: got.append(clients[1].get(f"{JOB}/comm0/k", 10)))
+        waiter.start()
+        clients[0].set(f"{JOB}/comm0/k", b"from rank 0")
+        waiter.join(10)
+        assert got == [b"from rank 0"]
+        assert clients[0].add(f"{JOB}/comm0/n", 1) + clients[1].add(f"{JOB}/comm0/n", 1) == 3
+        assert driver.check(f"{JOB}/comm0/k")  # held by the driver ...
+        assert not any(InMemoryStore.check(s, f"{JOB}/comm0/k") for s in servers)  # ... only
+        clients[0].set(f"{JOB}/result/0", b"private")
+        assert not driver.check(f"{JOB}/result/0") and servers[0].check(f"{JOB}/result/0")
+        assert [s.rounds for s in servers] == [0, 0]
+    finally:
+        for c in clients:
+            c.close()
+        for s in servers:
+            s.close()
+        driver.close()
+
+
+def test_an_unreachable_driver_store_is_named_with_the_switch():
+    import socket
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        address = "127.0.0.1:%d" % probe.getsockname()[1]
+    store = SparkStore("127.0.0.1", SECRET, JOB, 1, 2, _no_round, job_store=address,
+                       connect_timeout=0.5)
+    client = TCPStore.connect(store.address, SECRET)
+    try:
+        with pytest.raises(CollectiveError, match=r"rendezvous on rank 1/2: cannot reach the job's "
+                                                  r"rendezvous store on the driver.*"
+                                                  r"HOROVOD_SPARK_RENDEZVOUS=spark"):
+            client.get(f"{JOB}/comm0/mesh/rank/0", 5)
+    finally:
+        client.close()
+        store.close()
