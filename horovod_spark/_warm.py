@@ -48,8 +48,9 @@ __all__ = ["enabled", "spawn", "learn", "shutdown", "WarmChild", "REPORT"]
 log = logging.getLogger("horovod_spark.warm")
 
 #: Fork-safe modules worth preloading, in import order; a rank reports which it imported.
-REPORT = ("numpy", "pyarrow", "pandas", "scipy", "sklearn", "torch", "torchvision",
-          "horovod_spark.torch")
+#: torch._dynamo: a torch optimizer's first step imports it (about 1 s, sympy included).
+REPORT = ("numpy", "pyarrow", "pandas", "scipy", "sklearn", "torch", "torch._dynamo",
+          "torchvision", "horovod_spark.torch")
 #: A zygote is kept only for a job that imported one of these (the rest is cheap).
 HEAVY = ("pyarrow", "pandas", "scipy", "sklearn", "torch", "torchvision")
 _RANK_KEYS = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
