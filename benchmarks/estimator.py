@@ -140,7 +140,7 @@ def _row(case: str, args, est, model, seconds: float, jvm_cpu: float) -> dict:
 
 STAMPS = (("stage_start", "the barrier stage is submitted"),
           ("task_start", "rank 0's task starts (and starts its rank process)"),
-          ("rank_entry", "the rank process runs (python, torch imported)"),
+          ("rank_entry", "the rank process runs (python and torch imported, or forked warm)"),
           ("initialized", "hvd.init done (the ranks met at the job store)"),
           ("spilled", "the task has spilled its partition"),
           ("agreed", "the ranks have agreed on the census"),
