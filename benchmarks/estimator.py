@@ -8,7 +8,11 @@ Data: ``rows`` x ``features`` float features (an ml Vector column, as a
 VectorAssembler makes it) and a regression label, written once to Parquet
 (not timed).  Model: a small MLP (features -> 64 -> 64 -> 1, MSE, Adam).
 
-Cases, each one ``fit`` on a warm local[num_proc] session:
+Cases, each one ``fit`` on a warm local[num_proc] session: a one-epoch fit of
+4096 rows first starts the session's Python workers and leaves each a zygote
+(warm starts: the next fit's ranks fork from a process that has imported torch),
+then ``--settle`` seconds (default 10, a notebook's pause between cells) let the
+zygotes finish their imports; ``--settle 0`` times a fit that follows at once.
   parquet, num_proc files   ``fit_on_parquet(path)``: the read has num_proc
             partitions, so each task reads its file, spills it and its rank trains;
   parquet, 16 MB splits     the same files read in many splits, so the fit
@@ -236,6 +240,8 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--num-proc", type=int, default=2)
     p.add_argument("--json", default=None)
+    p.add_argument("--settle", type=float, default=10.0,
+                   help="seconds between the warm-up fit and the timed ones (default 10)")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                    help="a Spark conf for the session (repeatable)")
     args = p.parse_args()
@@ -249,6 +255,7 @@ def main() -> None:
         cached = spark.read.parquet(path).repartition(args.num_proc).cache()
         cached.count()
         _estimator(args, os.path.join(tmp, "warm")).setEpochs(1).fit(cached.limit(4096))
+        time.sleep(args.settle)  # the workers' zygotes finish their imports (warm starts)
         for case, run in (("parquet, num_proc files (read + spill)",
                            lambda est: est.fit_on_parquet(path)),
                           ("parquet, 16 MB splits (+ repartition)",

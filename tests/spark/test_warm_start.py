@@ -122,6 +122,9 @@ def fail_on_rank_1(how, note_dir):
     with open(os.path.join(note_dir, f"rank{rank}"), "w") as f:
         f.write(f"{int(forked)} {os.getpid()}")
     if rank == 1:
+        deadline = time.monotonic() + 60  # fail once rank 0 has written its note
+        while not os.path.exists(os.path.join(note_dir, "rank0")) and time.monotonic() < deadline:
+            time.sleep(0.01)
         if how == "exit":
             sys.stdout.flush()
             os._exit(7)
