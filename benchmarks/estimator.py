@@ -13,10 +13,11 @@ Cases, each one ``fit`` on a warm local[num_proc] session: a one-epoch fit of
 (warm starts: the next fit's ranks fork from a process that has imported torch),
 then ``--settle`` seconds (default 10, a notebook's pause between cells) let the
 zygotes finish their imports; ``--settle 0`` times a fit that follows at once.
-  parquet, num_proc files   ``fit_on_parquet(path)``: the read has num_proc
-            partitions, so each task reads its file, spills it and its rank trains;
-  parquet, 16 MB splits     the same files read in many splits, so the fit
-            repartitions to num_proc first (one shuffle);
+  parquet, pyarrow          ``fit_on_parquet(path)`` (num_proc files): each task reads
+            its share of the row groups with pyarrow, spills it and its rank trains;
+  parquet via Spark, 16 MB  ``fit(spark.read.parquet(path))`` read in 16 MB splits: the
+            JVM decodes the files (vectors to arrays on the JVM, Arrow to Python)
+            and the fit repartitions to num_proc first (one shuffle);
   cached    ``fit(df)`` of a cached DataFrame that already has num_proc partitions
             (no shuffle: each task hands its cached partition to its rank).
 Reference: the same model and batches trained by torch alone, in one process, on
@@ -111,10 +112,10 @@ def _estimator(args, store: str):
 
 
 def _small_splits(spark, est, path: str):
-    """A Parquet read in many partitions, so the fit repartitions (one shuffle)."""
+    """A Parquet read by Spark in many partitions, so the fit repartitions (one shuffle)."""
     spark.conf.set("spark.sql.files.maxPartitionBytes", str(16 << 20))
     try:
-        return est.fit_on_parquet(path)
+        return est.fit(spark.read.parquet(path))
     finally:
         spark.conf.unset("spark.sql.files.maxPartitionBytes")
 
@@ -256,9 +257,9 @@ def main() -> None:
         cached.count()
         _estimator(args, os.path.join(tmp, "warm")).setEpochs(1).fit(cached.limit(4096))
         time.sleep(args.settle)  # the workers' zygotes finish their imports (warm starts)
-        for case, run in (("parquet, num_proc files (read + spill)",
+        for case, run in (("parquet, pyarrow in the tasks",
                            lambda est: est.fit_on_parquet(path)),
-                          ("parquet, 16 MB splits (+ repartition)",
+                          ("parquet via Spark, 16 MB splits",
                            lambda est: _small_splits(spark, est, path)),
                           ("cached, num_proc partitions", lambda est: est.fit(cached))):
             est = _estimator(args, os.path.join(tmp, "store"))

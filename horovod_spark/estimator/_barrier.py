@@ -97,6 +97,12 @@ def task_body(task_spec, job: BarrierJob, batches: Iterator) -> Iterator:
         census = {"partition": partition, "train_rows": 0, "val_rows": 0, "widths": {},
                   "problem": "the task's spill failed"}
         try:
+            if job.parquet is not None:  # this task reads its row groups (see _parquet)
+                from horovod_spark.estimator._parquet import read_share
+
+                for _ in batches:  # its partition of the range: nothing to hand on
+                    pass
+                batches = read_share(job.parquet[0], job.parquet[1][partition], job.specs)
             census = _spill(_watched(batches, rank), job, partition, directory)
         finally:
             write_census(directory, census)

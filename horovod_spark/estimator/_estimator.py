@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from pyspark.ml import Estimator
 
-from horovod_spark.estimator import _checks
+from horovod_spark.estimator import _checks, _parquet
 from horovod_spark.estimator._job import BarrierJob, TrainSpec
 from horovod_spark.estimator.data import ColumnSpec, prepare
 from horovod_spark.estimator.params import EstimatorParams
@@ -44,10 +44,15 @@ class DistributedEstimator(Estimator, EstimatorParams):
     _model_class: type
 
     def fit_on_parquet(self, path: str, params: Optional[dict] = None):
-        """Fit on a Parquet data set (a file or a directory, any Spark-readable path)."""
+        """Fit on a Parquet data set (a file or a directory, any Spark-readable path).
+
+        Each rank's task reads its share of the row groups itself with pyarrow where it
+        can (see ``_parquet``), else Spark reads the files."""
         from pyspark.sql import SparkSession
 
-        return self.fit(SparkSession.active().read.parquet(path), params)
+        df = SparkSession.active().read.parquet(path)
+        df._hvs_parquet_path = path  # the copy fit(df, params) makes keeps the DataFrame
+        return self.fit(df, params)
 
     def _fit(self, dataset):
         began = time.perf_counter()
@@ -60,12 +65,19 @@ class DistributedEstimator(Estimator, EstimatorParams):
         num_proc = _checks.resolve_num_proc(spark, values["num_proc"])
         job = self._barrier_job(values, specs, output_shapes)
         job = dataclasses.replace(job, train=dataclasses.replace(job.train, num_proc=num_proc))
+        prepared = prepare(dataset, specs)
+        direct = _parquet.plan(dataset._hvs_parquet_path, specs, num_proc) \
+            if getattr(dataset, "_hvs_parquet_path", None) else None
+        if direct is not None:  # the tasks read the files: the stage needs num_proc partitions
+            job = dataclasses.replace(job, parquet=direct)
+            prepared = spark.range(0, num_proc, 1, num_proc)
         checked, stage_start = time.perf_counter(), time.time()
-        result = self._run(spark, prepare(dataset, specs), num_proc, job, values["verbose"])
+        result = self._run(spark, prepared, num_proc, job, values["verbose"])
         done = time.perf_counter()
         result.setdefault("timings", {}).setdefault("stamps", {}).update(
             stage_start=stage_start, stage_end=time.time())
         self._last_timings = dict(result.get("timings", {}), check_seconds=checked - began,
+                                  parquet_direct=direct is not None,
                                   stage_seconds=done - checked, fit_seconds=done - began)
         return self._model_class(
             model_bytes=result["model"], history=result["history"], output_shapes=output_shapes,

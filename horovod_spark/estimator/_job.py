@@ -49,6 +49,7 @@ class BarrierJob:
     validation_fraction: float
     train: TrainSpec
     train_fn: Callable[..., Any]             # (TrainSpec, shard directory) -> result, on the rank
+    parquet: Optional[Any] = None            # _parquet.Plan: tasks read their row groups
 
 
 class RankData:
