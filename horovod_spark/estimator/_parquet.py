@@ -160,6 +160,10 @@ def _dense(struct):
     v_off, v_flat = _parts(struct.field("values"))
     v_len = np.diff(v_off)
     sparse = (kind == 0) & valid
+    mask = None if valid.all() else pa.array(~valid)
+    if not sparse.any() and not v_len[~valid].any():  # all dense: the values as they are
+        return pa.ListArray.from_arrays(pa.array(v_off.astype(np.int32)),
+                                        pa.array(v_flat.astype(np.float32)), mask=mask)
     lengths = np.where(sparse, size, v_len) * valid
     out_off = np.zeros(n + 1, np.int64)
     np.cumsum(lengths, out=out_off[1:])
@@ -172,5 +176,4 @@ def _dense(struct):
         within[from_sparse] = i_flat[i_off[:-1][rows[from_sparse]] + within[from_sparse]]
     keep = valid[rows]
     out[out_off[:-1][rows[keep]] + within[keep]] = v_flat[keep]
-    mask = None if valid.all() else pa.array(~valid)
     return pa.ListArray.from_arrays(pa.array(out_off.astype(np.int32)), pa.array(out), mask=mask)

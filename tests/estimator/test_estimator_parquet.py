@@ -77,6 +77,9 @@ def test_a_null_vector_stays_null_and_sparse_ones_scatter():
     got = _parquet._dense(struct.slice(0)).to_pylist()
     assert got == [[1.0, 2.0, 3.0], [5.0, 0.0, 0.0, 6.0], None, [0.0, 0.0, 0.0]]
     assert _parquet._dense(struct.slice(1, 2)).to_pylist() == [[5.0, 0.0, 0.0, 6.0], None]
+    dense = _parquet._dense(struct.filter(pa.array([True, False, True, False])))  # no sparse
+    assert dense.to_pylist() == [[1.0, 2.0, 3.0], None]
+    assert dense.type == pa.list_(pa.float32())
 
 
 def test_every_row_group_goes_to_one_rank_in_order_and_the_shares_are_even(written):
