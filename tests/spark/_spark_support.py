@@ -133,3 +133,19 @@ def wait_until_no_rank_processes(tag: str, timeout: float = 30.0) -> list:
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.1)
+
+
+def alive_after(pids, timeout: float = 30.0) -> list:
+    """Those of `pids` still alive (not zombies) after `timeout` seconds (expected: none)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = []
+        for pid in pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)

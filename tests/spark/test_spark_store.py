@@ -93,20 +93,26 @@ def test_private_keys_stay_in_their_task_store_and_need_no_round(stores):
     assert gather.calls == 0
 
 
+def _a_get_fails(store: SparkStore, match: str) -> None:
+    """A rank's get of a shared key fails with `match`; the store is closed after."""
+    client = TCPStore.connect(store.address, SECRET)
+    try:
+        with pytest.raises(CollectiveError, match=match):
+            client.get(f"{JOB}/comm0/mesh/rank/0", 5)
+    finally:
+        client.close()
+        store.close()
+
+
 def test_a_round_that_never_completes_fails_the_request_naming_init():
     never = threading.Event()
     store = SparkStore("127.0.0.1", SECRET, JOB, 1, 2, lambda msg: never.wait() or [],
                        round_timeout=0.5)
-    client = TCPStore.connect(store.address, SECRET)
     try:
-        with pytest.raises(CollectiveError, match=r"rendezvous on rank 1/2: the store round .* "
-                                                  r"after 0\.5 s; does every rank call "
-                                                  r"collectives.init\(\)"):
-            client.get(f"{JOB}/comm0/mesh/rank/0", 5)
+        _a_get_fails(store, r"rendezvous on rank 1/2: the store round .* after 0\.5 s; does "
+                            r"every rank call collectives.init\(\)")
     finally:
         never.set()
-        client.close()
-        store.close()
 
 
 def test_a_round_answered_by_another_job_is_refused():
@@ -169,12 +175,5 @@ def test_an_unreachable_driver_store_is_named_with_the_switch():
         address = "127.0.0.1:%d" % probe.getsockname()[1]
     store = SparkStore("127.0.0.1", SECRET, JOB, 1, 2, _no_round, job_store=address,
                        connect_timeout=0.5)
-    client = TCPStore.connect(store.address, SECRET)
-    try:
-        with pytest.raises(CollectiveError, match=r"rendezvous on rank 1/2: cannot reach the job's "
-                                                  r"rendezvous store on the driver.*"
-                                                  r"HOROVOD_SPARK_RENDEZVOUS=spark"):
-            client.get(f"{JOB}/comm0/mesh/rank/0", 5)
-    finally:
-        client.close()
-        store.close()
+    _a_get_fails(store, r"rendezvous on rank 1/2: cannot reach the job's rendezvous store on "
+                        r"the driver.*HOROVOD_SPARK_RENDEZVOUS=spark")

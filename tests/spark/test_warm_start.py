@@ -16,8 +16,8 @@ import uuid
 import psutil
 import pytest
 
-from _spark_support import (REPO, by_value, fast_jvm_env, start_session, stop_session,
-                            wait_until_no_rank_processes)
+from _spark_support import (REPO, alive_after, by_value, fast_jvm_env, start_session,
+                            stop_session, wait_until_no_rank_processes)
 
 import horovod_spark
 from horovod_spark import JobFailedError
@@ -94,22 +94,6 @@ def test_warm_start_is_off_with_horovod_spark_warm_start_0(spark, monkeypatch):
     assert [r["forked"] for r in horovod_spark.run(probe, num_proc=2, env=key)] == [True, True]
 
 
-def _alive(pids, timeout: float = 30.0) -> list:
-    """Those of pids still alive (not zombies) after `timeout` seconds (expected: none)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        alive = []
-        for pid in pids:
-            try:
-                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                    alive.append(pid)
-            except psutil.NoSuchProcess:
-                pass
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.1)
-
-
 def fail_on_rank_1(how, note_dir):
     import os
     import signal
@@ -151,7 +135,7 @@ def test_a_forked_rank_that_fails_is_named_and_nothing_is_left(spark, tmp_path, 
     assert [notes[n][0] for n in ("rank0", "rank1")] == ["1", "1"], "the ranks were not forked"
     pids = [int(notes[n][1]) for n in notes]
     assert wait_until_no_rank_processes("no-tag") == []
-    assert _alive(pids) == []
+    assert alive_after(pids) == []
     # Spark kills the Python worker of a killed task, and its zygote with it: the next job
     # may start fresh there; the one after is warm again.
     again = horovod_spark.run(probe, num_proc=2, env=key)
@@ -199,7 +183,7 @@ def test_a_killed_driver_leaves_no_zygote_and_no_forked_rank(tmp_path):
         assert {psutil.Process(r).ppid() for r in ranks} == set(zygotes)
         proc.kill()
         proc.wait(timeout=10)
-        assert _alive(zygotes + ranks, timeout=60) == [], "left behind by a killed driver"
+        assert alive_after(zygotes + ranks, timeout=60) == [], "left behind by a killed driver"
     finally:
         try:
             os.killpg(proc.pid, 9)

@@ -18,6 +18,8 @@ import cloudpickle
 import psutil
 import pytest
 
+from _spark_support import alive_after
+
 from collectives.launch import rank_envs
 from collectives.store import StoreServer
 from horovod_spark import _warm
@@ -26,22 +28,6 @@ pytestmark = pytest.mark.timeout(120)
 
 SECRET = b"z" * 32
 JOB = "zygote-test/a0"
-
-
-def _gone(pids, timeout: float = 20.0) -> list:
-    """The pids still alive (not zombies) after `timeout` seconds (expected: none)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        alive = []
-        for pid in pids:
-            try:
-                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                    alive.append(pid)
-            except psutil.NoSuchProcess:
-                pass
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -145,7 +131,7 @@ def test_closing_the_owner_kills_the_zygote_and_its_ranks(owner, store):
     own.close()
     assert child.wait(timeout=20) == -signal.SIGKILL
     assert own.proc.wait(timeout=20) == 0
-    assert _gone([child.pid, own.proc.pid]) == []
+    assert alive_after([child.pid, own.proc.pid]) == []
     assert own.spawn(_rank_env(env, store), os.getcwd()) is None  # and it starts nothing
 
 
@@ -176,7 +162,7 @@ def test_a_killed_owner_takes_the_zygote_and_its_ranks_with_it():
         assert psutil.Process(child).ppid() == zygote
         proc.kill()
         proc.wait(timeout=10)
-        assert _gone([zygote, child]) == []
+        assert alive_after([zygote, child]) == []
     finally:
         proc.kill()
 
