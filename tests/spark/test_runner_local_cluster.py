@@ -77,3 +77,16 @@ def test_more_ranks_than_gpu_slots_fail_at_once_naming_the_gpus(spark):
     with pytest.raises(ValueError, match=r"np=3 ranks need 3 barrier task slots.*1 GPU\(s\) "
                                          r"per executor, 1 per task.*run with np=2"):
         horovod_spark.run(lambda: 0, num_proc=3)
+
+
+def test_ranks_with_gpus_never_fork_from_a_zygote(spark):
+    """A CUDA context must not cross a fork: GPU tasks start their ranks fresh, always."""
+    def with_torch():
+        import os
+
+        import psutil
+        import torch  # noqa: F401  (the module a zygote would preload)
+        return "collectives.zygote" in " ".join(psutil.Process(os.getppid()).cmdline())
+
+    assert horovod_spark.run(with_torch, num_proc=2) == [False, False]
+    assert horovod_spark.run(with_torch, num_proc=2) == [False, False]
