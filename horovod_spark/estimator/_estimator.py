@@ -59,15 +59,18 @@ class DistributedEstimator(Estimator, EstimatorParams):
         values = self.param_values()
         _checks.require(type(self).__name__, values, self._required)
         specs = _checks.checked_specs(dataset, values)
-        sample = _checks.sample_batch(dataset, specs)
-        output_shapes = self._dry_run(values, sample)
         spark = dataset.sparkSession
         num_proc = _checks.resolve_num_proc(spark, values["num_proc"])
+        direct = _parquet.plan(dataset._hvs_parquet_path, specs, num_proc) \
+            if getattr(dataset, "_hvs_parquet_path", None) else None
+        sample = _parquet.sample(direct, specs, _checks.SAMPLE_ROWS) if direct is not None \
+            else None  # (the direct read needs no Spark job for it)
+        if sample is None:
+            sample = _checks.sample_batch(dataset, specs)
+        output_shapes = self._dry_run(values, sample)
         job = self._barrier_job(values, specs, output_shapes)
         job = dataclasses.replace(job, train=dataclasses.replace(job.train, num_proc=num_proc))
         prepared = prepare(dataset, specs)
-        direct = _parquet.plan(dataset._hvs_parquet_path, specs, num_proc) \
-            if getattr(dataset, "_hvs_parquet_path", None) else None
         if direct is not None:  # the tasks read the files: the stage needs num_proc partitions
             job = dataclasses.replace(job, parquet=direct)
             prepared = spark.range(0, num_proc, 1, num_proc)

@@ -29,7 +29,7 @@ import numpy as np
 
 from horovod_spark.estimator.data import ColumnSpec
 
-__all__ = ["plan", "read_share", "Plan"]
+__all__ = ["plan", "read_share", "sample", "Plan"]
 
 #: (the path, per rank: its pieces, each (file path, row group indices))
 Plan = Tuple[str, Tuple[Tuple[Tuple[str, Tuple[int, ...]], ...], ...]]
@@ -107,7 +107,8 @@ def plan(path: str, specs: Sequence[ColumnSpec], num_proc: int) -> Optional[Plan
                         for share in shares))
 
 
-def read_share(path: str, share, specs: Sequence[ColumnSpec]) -> Iterator:
+def read_share(path: str, share, specs: Sequence[ColumnSpec],
+               batch_rows: int = _BATCH_ROWS) -> Iterator:
     """This task's row groups as Arrow record batches of the prepared columns."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -118,11 +119,24 @@ def read_share(path: str, share, specs: Sequence[ColumnSpec]) -> Iterator:
     for file, row_groups in share:
         with filesystem.open_input_file(file) as f:
             reader = pq.ParquetFile(f)
-            for batch in reader.iter_batches(batch_size=_BATCH_ROWS, row_groups=list(row_groups),
+            for batch in reader.iter_batches(batch_size=batch_rows, row_groups=list(row_groups),
                                              columns=names):
                 arrays = [_prepared(batch.column(batch.schema.get_field_index(n)), by_name[n])
                           for n in names]
                 yield pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+def sample(direct: Plan, specs: Sequence[ColumnSpec], rows: int):
+    """The first `rows` prepared rows of the planned read as numpy, for the dry run (what
+    ``_checks.sample_batch`` takes through a Spark job, read here on the driver), or None
+    when the planned row groups hold no rows."""
+    from horovod_spark.estimator.data import batch_from_table
+
+    for share in direct[1]:
+        for batch in read_share(direct[0], share, specs, batch_rows=rows):
+            if batch.num_rows:
+                return batch_from_table(batch, specs)
+    return None
 
 
 _ARROW = {"float32": "float32", "int64": "int64", "bool": "bool_"}

@@ -65,6 +65,41 @@ def test_the_shares_hold_what_spark_prepares_for_the_ranks(spark, written, num_p
     assert direct.column("y").null_count == 1  # the spill names it, as on the JVM path
 
 
+def test_the_dry_run_sample_is_read_on_the_driver_as_spark_prepares_it(spark, written):
+    """fit_on_parquet's pre-fit checks take their sample rows from the planned read (no
+    Spark job): the first rows of rank 0's share, as the JVM path prepares those rows."""
+    from horovod_spark.estimator.data import batch_from_table
+
+    df = spark.read.parquet(written)
+    specs = column_specs(df.schema, ["v", "a"], ["y", "k"])
+    plan = _parquet.plan(written, specs, 2)
+    got = _parquet.sample(plan, specs, 16)
+    first = next(iter(plan[1][0]))[0]  # rank 0's first file: Spark's prepared rows of it
+    want = batch_from_table(pa.Table.from_batches(
+        prepare(spark.read.parquet(first), specs)._collect_as_arrow()).slice(0, 16), specs)
+    assert sorted(got) == sorted(want)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def test_the_sample_of_a_read_without_rows_is_none(tmp_path):
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "empty.parquet"
+    path.mkdir()
+    pq.write_table(pa.table({"x": pa.array([], pa.float64()), "y": pa.array([], pa.float64())}),
+                   str(path / "part-0.parquet"))
+    specs = column_specs(_spark_schema_of_arrow(), ["x"], ["y"])
+    piece = (str(path / "part-0.parquet"), (0,))  # (file, row groups)
+    assert _parquet.sample((str(path), ((piece,),)), specs, 8) is None  # one rank, one piece
+
+
+def _spark_schema_of_arrow():
+    from pyspark.sql.types import DoubleType, StructField, StructType
+
+    return StructType([StructField("x", DoubleType()), StructField("y", DoubleType())])
+
+
 def test_a_null_vector_stays_null_and_sparse_ones_scatter():
     """(Spark's own vector_to_array refuses a null Vector; the direct read keeps it null,
     and the spill then names the column.)"""
