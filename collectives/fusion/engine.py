@@ -16,12 +16,22 @@ Terms.  A *submission* is one call of `submit` (any thread); it becomes a
 5. finish joins, report stalls (stall.py), stop on shutdown.
 
 A rank that holds no pending work sleeps until a local submission (or a
-heartbeat of IDLE_S, so that stall reports and shutdowns still get through),
-then gives a burst of submissions one cycle time to gather before it
-coordinates; a rank that holds pending work cycles every cycle time, counted
-from the end of the last coordination so the ranks stay in step.  Either
-wait ends early when a caller starts waiting on a handle (it has nothing
-more to submit for now).
+heartbeat, IDLE_S after its last cycle, so that stall reports and shutdowns
+still get through), then gives a burst of submissions one cycle time to
+gather before it coordinates; a rank that holds pending work cycles every
+cycle time, counted from the end of the last coordination so the ranks stay
+in step.
+
+*Caller-driven cycles.*  A caller that waits on a handle has nothing more to
+submit for now, so it need not hand the cycle to the engine's thread and wait
+to be woken: if no cycle is running, it runs the cycles itself, on its own
+thread, until its handle is done (the engine's thread and every driver take
+one cycle lock, so cycles stay serial and in one order on each rank).  That
+saves two thread wake-ups per synchronous op, which in a training step cost
+more than the cycle itself.  `submit(..., lazy=True)` does not wake the
+engine's thread at all, for callers that wait at once.  A wait with a
+timeout, or once CUDA tensors are in use (their ops run on the engine
+thread's stream), hands the cycle to the engine's thread as before.
 
 Failure: an exception in the engine's thread (a lost peer, a timeout) fails
 every pending handle with that cause; later submissions raise it at once.
@@ -49,8 +59,9 @@ __all__ = ["FusionEngine"]
 log = logging.getLogger("collectives.fusion")
 
 IDLE_S = 0.02
-_METRICS = ("cycles", "negotiations", "tensors", "allreduce_tensors", "allreduce_bytes",
-            "fused_buffers", "collectives", "collective_s", "coordination_s", "thread_cpu_s")
+_METRICS = ("cycles", "caller_cycles", "negotiations", "tensors", "allreduce_tensors",
+            "allreduce_bytes", "fused_buffers", "collectives", "collective_s", "coordination_s",
+            "thread_cpu_s")
 
 
 class FusionEngine:
@@ -82,6 +93,8 @@ class FusionEngine:
         self._mark_cycles = False
         self._stopped: Optional[tuple] = None  # (error class, text, cause)
         self._cycle_no, self._synced = 0, time.perf_counter()
+        self._cycle_lock = threading.Lock()  # one cycle at a time: the thread's or a driver's
+        self._drivable = True  # False once a CUDA tensor is submitted
         self._stall = StallWatch(comm, self._config, self.rank, self.size)
         self._thread = threading.Thread(target=self._run, name=f"fusion-engine-r{self.rank}",
                                         daemon=True)
@@ -90,12 +103,14 @@ class FusionEngine:
     # -- public API ------------------------------------------------------------
     def submit(self, name: str, kind: str, buffer=None, out=None, op=ReduceOp.SUM,
                prescale: float = 1.0, postscale: float = 1.0, root: int = 0,
-               splits=None, dtype=None) -> Handle:
+               splits=None, dtype=None, lazy: bool = False) -> Handle:
         """Queue one named op; returns its Handle (wait/poll).
 
         kind: allreduce, allgather, broadcast, alltoall, reducescatter, barrier or join.
         out: None (a new result), `buffer` itself (in place) or another tensor of its shape.
         dtype: the logical DType of a numpy buffer whose storage dtype differs (bfloat16).
+        lazy: the caller waits on the handle right away (after its other submissions):
+            leave the engine's thread asleep, the wait will run the cycle.
 
         Raises:
             ValueError, TypeError: invalid arguments, or `name` is already pending.
@@ -104,7 +119,9 @@ class FusionEngine:
         if kind == "join":
             return self._submit_join()
         req = make_request(name, kind, buffer, out, op, prescale, postscale, root, splits,
-                           dtype, self.rank, self.size, self._kick.set)
+                           dtype, self.rank, self.size, self._on_wait)
+        if req.sig.device != "cpu":
+            self._drivable = False
         with self._lock:
             if self._stopped is not None:
                 self._raise_if_stopped(req.sig.kind, req.sig.tensor())
@@ -113,7 +130,7 @@ class FusionEngine:
                                  "name is already pending; wait for it or use another name")
             self._names.add(name)
             self._queue.append(req)
-        if not self._wake.is_set():  # set() takes a lock and notifies: skip it in a burst
+        if not lazy and not self._wake.is_set():  # set() takes a lock and notifies: skip it in a burst
             self._wake.set()
         return req.handle
 
@@ -138,11 +155,12 @@ class FusionEngine:
     def metrics(self, reset: bool = False) -> dict:
         """Counters since the start or the last reset.
 
-        cycles, negotiations (full ones), tensors (finished), allreduce_tensors,
-        allreduce_bytes (payload reduced on this rank), fused_buffers, collectives
-        (data collectives run), collective_s (wall time inside them),
-        coordination_s (wall time agreeing, waits for peers included) and
-        thread_cpu_s (CPU time of the engine's thread).
+        cycles, caller_cycles (those run by a waiting caller's thread), negotiations
+        (full ones), tensors (finished), allreduce_tensors, allreduce_bytes (payload
+        reduced on this rank), fused_buffers, collectives (data collectives run),
+        collective_s (wall time inside them), coordination_s (wall time agreeing,
+        waits for peers included) and thread_cpu_s (CPU time of the cycles, on the
+        engine's thread or a caller's).
         """
         out = dict(self._metrics)
         if reset:
@@ -171,7 +189,7 @@ class FusionEngine:
 
     # -- submission side -------------------------------------------------------
     def _submit_join(self) -> Handle:
-        handle = Handle("join", "join", self.rank, self.size, None, self._kick.set)
+        handle = Handle("join", "join", self.rank, self.size, None, self._on_wait)
         with self._lock:
             self._raise_if_stopped("join", "join")
             self._queue.append(handle)
@@ -183,21 +201,63 @@ class FusionEngine:
             cls, text, cause = self._stopped
             raise cls(describe(text, rank=self.rank, size=self.size, op=kind, tensor=tensor)) from cause
 
+    # -- waiting on a handle -----------------------------------------------------
+    def _on_wait(self, handle, timeout: Optional[float]) -> None:
+        """A caller starts waiting on `handle`: run the cycles here, or wake the thread."""
+        if timeout is None and self._drivable:
+            self._drive(handle)
+        if not handle._done:
+            self._wake.set()
+            self._kick.set()  # the caller has nothing more to submit: no need to wait out the cycle time
+
+    def _drive(self, handle) -> None:
+        """Cycle on this thread until `handle` is done, while no other cycle runs."""
+        while not handle._done:
+            if not self._cycle_lock.acquire(blocking=False):
+                return  # the engine's thread is cycling: it finishes the handle
+            try:
+                if self._stopped is not None or handle._done:
+                    return
+                cpu = time.thread_time()
+                self._metrics["caller_cycles"] += 1
+                self._guarded_cycle()
+                self._metrics["thread_cpu_s"] += time.thread_time() - cpu
+            finally:
+                self._cycle_lock.release()
+            if not handle._done:  # some rank has not submitted it yet: pace like the thread
+                delay = self._cycle_s - (time.perf_counter() - self._synced)
+                if delay > 0:
+                    time.sleep(delay)
+
     # -- the engine's thread ---------------------------------------------------
     def _run(self) -> None:
         try:
             while self._stopped is None:
                 self._wait()
-                cpu = time.thread_time()
-                self._cycle()
-                self._metrics["thread_cpu_s"] += time.thread_time() - cpu
+                with self._cycle_lock:
+                    if self._stopped is not None:
+                        break
+                    if not self._due():
+                        continue  # a caller ran the cycle that woke us
+                    cpu = time.thread_time()
+                    self._guarded_cycle()
+                    self._metrics["thread_cpu_s"] += time.thread_time() - cpu
+        finally:
+            self.stop_timeline()
+
+    def _guarded_cycle(self) -> None:
+        try:
+            self._cycle()
         except BaseException as exc:  # the cause goes to every waiting handle
             log.debug("fusion engine on rank %d stopped: %r", self.rank, exc)
             cls = type(exc) if isinstance(exc, CollectiveError) else CollectiveError
             self._stop(cls, f"the fusion engine stopped after a failure: {type(exc).__name__}: {exc}",
                        exc)
-        finally:
-            self.stop_timeline()
+
+    def _due(self) -> bool:
+        """Work to do, or a heartbeat due (IDLE_S without a cycle)."""
+        return bool(self._queue or self._pending or self._joined or self._shutdown_requested) \
+            or time.perf_counter() - self._synced >= IDLE_S
 
     def _wait(self) -> None:
         """Cycle every cycle time while this rank holds work; else sleep until it gets some.
@@ -215,7 +275,8 @@ class FusionEngine:
                 self._kick.wait(delay)
         else:
             self._wake.clear()
-            if not self._queue and self._wake.wait(IDLE_S) and self._cycle_s > 0:
+            idle = IDLE_S - (time.perf_counter() - self._synced)  # callers' cycles count too
+            if not self._queue and self._wake.wait(max(idle, 0.0)) and self._cycle_s > 0:
                 self._kick.wait(self._cycle_s)  # let a burst of submissions gather
         self._kick.clear()
 

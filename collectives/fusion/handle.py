@@ -1,10 +1,11 @@
 """The handle of one named op: `wait(timeout)` returns its result or raises its error.
 
-A handle is finished exactly once, by the engine's thread, with a result or an
-error.  Waiting costs one lock acquire: the lock is held from creation until
-the handle is finished, so `wait` blocks on it without polling.  A first
-wait *kicks* the engine: a caller that waits has nothing more to submit, so
-the engine's current cycle-time sleep ends at once.
+A handle is finished exactly once, by whoever runs the engine's cycle, with a
+result or an error.  Waiting costs one lock acquire: the lock is held from
+creation until the handle is finished, so `wait` blocks on it without
+polling.  A first wait *kicks* the engine (`kick(handle, timeout)`): a caller
+that waits has nothing more to submit, so the engine may run the cycle on the
+caller's thread at once, or end its own thread's cycle-time sleep.
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ class Handle:
         """
         if not self._done:
             if self._kick is not None:
-                self._kick()  # someone waits: the engine need not wait out its cycle time
+                self._kick(self, timeout)  # may run the cycle here and finish us
             if not self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
                 raise CollectiveTimeout(describe(
                     "not finished", rank=self._rank, size=self._size, op=self.kind,

@@ -7,7 +7,9 @@ for together; the engine fuses them into one collective per dtype (up to the
 fusion threshold), so a model's gradients cost one engine cycle per step.
 
 Integer AVERAGE is a sum followed by floor division, as in Horovod; the engine
-refuses AVERAGE on integers, so it never sees one.
+refuses AVERAGE on integers, so it never sees one.  Every kernel waits for its
+ops at once, so it submits them `lazy`: the wait runs the engine's cycle on
+this thread (TensorFlow's), with no hand-over to the engine's thread.
 """
 from __future__ import annotations
 
@@ -37,10 +39,10 @@ def allreduce_group(arrays: Sequence[np.ndarray], names: Sequence[str], op: Redu
     for a, name in zip(arrays, names):
         flat = np.ascontiguousarray(a)  # 0-d arrays come back 1-d: keep the shape apart
         if _integer_average(op, flat.dtype):
-            handle = eng.submit(name, "allreduce", flat, op=ReduceOp.SUM)
+            handle = eng.submit(name, "allreduce", flat, op=ReduceOp.SUM, lazy=True)
         else:
             handle = eng.submit(name, "allreduce", flat, op=op, prescale=prescale,
-                                postscale=postscale)
+                                postscale=postscale, lazy=True)
         pending.append((handle, np.shape(a), _integer_average(op, flat.dtype)))
     out = []
     for handle, shape, floor in pending:
@@ -52,20 +54,21 @@ def allreduce_group(arrays: Sequence[np.ndarray], names: Sequence[str], op: Redu
 def broadcast_group(arrays: Sequence[np.ndarray], names: Sequence[str], root: int) -> list:
     """Every array as root has it; returns new arrays."""
     eng = _basics.engine()
-    handles = [eng.submit(n, "broadcast", np.array(a, copy=True), root=root)  # written in place
+    handles = [eng.submit(n, "broadcast", np.array(a, copy=True), root=root, lazy=True)  # in place
                for a, n in zip(arrays, names)]
     return [np.asarray(h.wait()).reshape(np.shape(a)) for h, a in zip(handles, arrays)]
 
 
 def allgather(x: np.ndarray, name: str) -> np.ndarray:
     """Every rank's x concatenated along dim 0 (first dims may differ)."""
-    return np.asarray(_basics.engine().submit(name, "allgather", np.ascontiguousarray(x)).wait())
+    return np.asarray(_basics.engine().submit(name, "allgather", np.ascontiguousarray(x),
+                                              lazy=True).wait())
 
 
 def alltoall(x: np.ndarray, splits: Optional[Sequence[int]], name: str):
     """Rows splits[j] go to rank j; returns (received rows, received splits as int32)."""
     out, recv = _basics.engine().submit(name, "alltoall", np.ascontiguousarray(x),
-                                        splits=splits).wait()
+                                        splits=splits, lazy=True).wait()
     return np.asarray(out), np.asarray(recv, dtype=np.int32)
 
 
@@ -74,13 +77,13 @@ def reducescatter(x: np.ndarray, op: ReduceOp, name: str) -> np.ndarray:
     op = ReduceOp(op)
     rop = ReduceOp.SUM if _integer_average(op, x.dtype) else op
     out = np.asarray(_basics.engine().submit(name, "reducescatter", np.ascontiguousarray(x),
-                                             op=rop).wait())
+                                             op=rop, lazy=True).wait())
     return np.floor_divide(out, x.dtype.type(_basics.size())) if rop != op else out
 
 
 def barrier() -> None:
     """Return once every rank has called barrier()."""
-    _basics.engine().submit("barrier", "barrier").wait()
+    _basics.engine().submit("barrier", "barrier", lazy=True).wait()
 
 
 def join() -> int:

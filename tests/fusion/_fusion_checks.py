@@ -336,6 +336,76 @@ def shutdown_on_one_rank_fails_the_others_ops_naming_it(eng, comm):
         raise AssertionError("no error after rank 1 shut down")
 
 
+def waiting_callers_run_the_cycles(eng, comm):
+    """A caller that waits (no timeout) runs the cycles itself, lazy submission or not."""
+    before = eng.metrics()["caller_cycles"]
+    for lazy in (True, False):
+        for step in range(20):
+            x = data(comm.rank, 257, np.float32, step)
+            got = eng.submit(f"drive.{lazy}.{step}", "allreduce", x, op=ReduceOp.SUM,
+                             lazy=lazy).wait()
+            close(got, reference(comm.size, 257, np.float32, ReduceOp.SUM, step), np.float32)
+    driven = eng.metrics()["caller_cycles"] - before
+    assert driven >= 20, f"only {driven} of 40 synchronous ops ran their cycle on the caller"
+
+
+def threads_waiting_at_once_share_the_cycles(eng, comm):
+    """Four threads per rank, each a stream of synchronous ops, started in another order on
+    every rank: each thread either drives or is finished by whoever does; all results right."""
+    import threading
+
+    errors, size = [], comm.size
+
+    def stream(t):
+        try:
+            for step in range(15):
+                tag = 100 + 10 * t + step
+                got = eng.submit(f"threads.{t}.{step}", "allreduce", data(comm.rank, 33, np.float64, tag),
+                                 op=ReduceOp.SUM, lazy=step % 2 == 0).wait()
+                close(got, reference(size, 33, np.float64, ReduceOp.SUM, tag), np.float64)
+        except Exception:
+            errors.append(traceback.format_exc())
+
+    order = list(range(4))
+    if comm.rank % 2:
+        order.reverse()
+    threads = [threading.Thread(target=stream, args=(t,), daemon=True) for t in order]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(WAIT)
+    assert not any(th.is_alive() for th in threads), "a waiting thread never finished"
+    assert not errors, "\n".join(errors)
+
+
+def a_lazy_op_nobody_waits_for_still_finishes(eng, comm):
+    """lazy only spares the engine's thread a wake-up: its heartbeat still runs the op."""
+    h = eng.submit("lazy.unwaited", "allreduce", np.full(5, comm.rank + 1.0), lazy=True)
+    deadline = time.monotonic() + WAIT
+    while not h.poll():
+        assert time.monotonic() < deadline, "a lazy op nobody waited for never finished"
+        time.sleep(0.005)
+    np.testing.assert_array_equal(h.wait(0), np.full(5, comm.size * (comm.size + 1) / 2))
+
+
+def a_wait_with_a_timeout_times_out_then_the_op_finishes(eng, comm):
+    """A wait with a timeout never blocks past it in a cycle, even when the peers are late."""
+    from collectives import CollectiveTimeout
+
+    if comm.rank != 0:
+        time.sleep(0.5)
+    h = eng.submit("late.peers", "allreduce", np.ones(3), lazy=True)
+    if comm.rank == 0:
+        t0 = time.monotonic()
+        try:
+            h.wait(0.1)
+            raise AssertionError("the wait did not time out although the peers had not submitted")
+        except CollectiveTimeout as exc:
+            assert "late.peers" in str(exc), str(exc)
+        assert time.monotonic() - t0 < 0.4, "a 0.1 s wait blocked in a cycle until the peers came"
+    np.testing.assert_array_equal(h.wait(), np.full(3, float(comm.size)))
+
+
 CHECKS = [allreduce_every_op_and_dtype_matches_numpy, bfloat16_buffers_reduce_through_a_dtype_tag,
           scale_factors_and_in_place_results_match_numpy, fusion_packs_a_burst_into_few_collectives,
           steady_state_needs_no_negotiation, ranks_may_submit_in_different_orders,
@@ -346,6 +416,9 @@ CHECKS = [allreduce_every_op_and_dtype_matches_numpy, bfloat16_buffers_reduce_th
           join_lets_ranks_run_uneven_step_counts,
           a_stalled_tensor_is_reported_with_the_missing_ranks,
           the_timeline_is_chrome_trace_json_with_every_phase,
+          waiting_callers_run_the_cycles, threads_waiting_at_once_share_the_cycles,
+          a_lazy_op_nobody_waits_for_still_finishes,
+          a_wait_with_a_timeout_times_out_then_the_op_finishes,
           shutdown_on_one_rank_fails_the_others_ops_naming_it]
 
 
@@ -373,15 +446,16 @@ def run_all(overrides: dict, workdir: str) -> dict:
     return results
 
 
-def lose_a_peer(workdir: str) -> None:
-    """Rank 1 dies mid-job; rank 0 records what its pending op failed with."""
+def lose_a_peer(workdir: str, timeout) -> None:
+    """Rank 1 dies mid-job; rank 0 records what its pending op failed with.  With
+    timeout None rank 0's own thread runs the failing cycle, else the engine's thread."""
     comm = collectives.init(collectives.Config.create({"timeout": 5.0}))
     eng = FusionEngine(comm)
     eng.submit("lp.sync", "barrier").wait(WAIT)
     if comm.rank == 1:
         os._exit(7)
     try:
-        eng.submit("lp.x", "allreduce", np.ones(4)).wait(WAIT)
+        eng.submit("lp.x", "allreduce", np.ones(4)).wait(timeout)
         text = "no error"
     except CollectiveError as exc:
         text = f"{type(exc).__name__}: {exc}"

@@ -94,9 +94,26 @@ def test_shutdown_on_one_rank_fails_the_others_ops_naming_it(results):
     _ok(results, checks.shutdown_on_one_rank_fails_the_others_ops_naming_it)
 
 
-def test_a_lost_peer_fails_pending_ops_with_the_cause(tmp_path):
+def test_waiting_callers_run_the_cycles_themselves(results):
+    _ok(results, checks.waiting_callers_run_the_cycles)
+
+
+def test_threads_waiting_at_once_share_the_cycles(results):
+    _ok(results, checks.threads_waiting_at_once_share_the_cycles)
+
+
+def test_a_lazy_op_nobody_waits_for_still_finishes(results):
+    _ok(results, checks.a_lazy_op_nobody_waits_for_still_finishes)
+
+
+def test_a_wait_with_a_timeout_times_out_then_the_op_finishes(results):
+    _ok(results, checks.a_wait_with_a_timeout_times_out_then_the_op_finishes)
+
+
+@pytest.mark.parametrize("timeout", [None, checks.WAIT], ids=["caller-driven", "engine-thread"])
+def test_a_lost_peer_fails_pending_ops_with_the_cause(tmp_path, timeout):
     with pytest.raises(RankFailed) as info:
-        run_local(checks.lose_a_peer, 2, args=(str(tmp_path),), timeout=120)
+        run_local(checks.lose_a_peer, 2, args=(str(tmp_path), timeout), timeout=120)
     assert info.value.rank == 1
     text = (tmp_path / "lost_peer.txt").read_text()
     first, later = text.splitlines()[0], text.splitlines()[-1]
