@@ -168,6 +168,22 @@ class Communicator:
 
         return self._run("allreduce", (name, src), run, async_op)
 
+    def allreduce_flat(self, src: np.ndarray, dst: np.ndarray, dtype: DType, op: ReduceOp,
+                       postscale: float = 1.0, name: Optional[str] = None) -> None:
+        """The fusion engine's allreduce: flat, C-contiguous CPU arrays of `dtype` that it
+        checked when they were submitted, and an op the backend reduces (not AVERAGE).
+
+        Numbered and guarded like every op; it only skips the checks and conversions of
+        `allreduce`, which cost more than the collective itself for a small buffer."""
+        backend = self.backend
+
+        def run():
+            backend.allreduce(src, dst, dtype, op)
+            if postscale != 1.0:
+                B.scale_(dst, dtype, postscale)
+
+        self._run("allreduce", (name, B.Buf(src, dtype, src.shape, None, "numpy")), run, False)
+
     def _out_buf(self, out, src: B.Buf, what: str) -> B.Buf:
         if out is None:
             return B.Buf(B.empty_for(src, _numel(src.shape)), src.dtype, src.shape, src.wrap,

@@ -44,7 +44,7 @@ import time
 from typing import Dict, List, Optional
 
 from ..errors import CollectiveError, CollectiveTimeout, MismatchError, describe
-from ..types import ReduceOp
+from ..types import DType, ReduceOp
 from . import coordinator as C
 from .cache import ResponseCache
 from .executor import Executor
@@ -59,6 +59,7 @@ __all__ = ["FusionEngine"]
 log = logging.getLogger("collectives.fusion")
 
 IDLE_S = 0.02
+_INT32, _SUM = DType.INT32, ReduceOp.SUM
 _METRICS = ("cycles", "caller_cycles", "negotiations", "tensors", "allreduce_tensors",
             "allreduce_bytes", "fused_buffers", "collectives", "collective_s", "coordination_s",
             "thread_cpu_s")
@@ -289,7 +290,7 @@ class FusionEngine:
         if self.size == 1:
             return self._cycle_alone(t0)
         vec, payload = self._vector()
-        self._comm.allreduce(vec, out=vec, name="fusion.coordinate")
+        self._comm.allreduce_flat(vec, vec, _INT32, _SUM, name="fusion.coordinate")
         self._synced = time.perf_counter()
         res = self._layout.parse(vec)
         ready = [self._cache.at(bit) for bit in res.ready_bits]

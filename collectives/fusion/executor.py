@@ -42,6 +42,7 @@ _AVERAGE, _SUM = int(ReduceOp.AVERAGE), int(ReduceOp.SUM)
 # Plain dicts on the hot path: an enum lookup costs more than the copy of a small tensor.
 _NUMPY = {int(d): numpy_of_dtype(d) for d in DType}
 _STORAGE = {**_NUMPY, _BF16: np.dtype(np.float32)}  # what a fusion buffer holds
+_FUSED_DTYPE = {int(d): (DType.FLOAT32 if d == DType.BFLOAT16 else d) for d in DType}
 
 
 def _storage(dtype: int) -> np.dtype:
@@ -182,7 +183,8 @@ class Executor:
         fused = self._fusion_buffer(_STORAGE[sig0.dtype], total)
         offsets = self._pack_group(fused, group, counts)
         t1 = time.perf_counter()
-        self._comm.allreduce(fused, out=fused, op=op, name=f"fusion.{sig0.name}+{len(group) - 1}")
+        self._comm.allreduce_flat(fused, fused, _FUSED_DTYPE[sig0.dtype], op,
+                                  name=f"fusion.{sig0.name}+{len(group) - 1}")
         t2 = time.perf_counter()
         for (sig, req), off, n in zip(group, offsets, counts):
             if req is not None:
@@ -226,8 +228,11 @@ class Executor:
             src = dst = np.zeros(count, _NUMPY[sig.dtype])
         else:
             src, dst = req.buf.flat, self._result_flat(req, sig, count)
-        self._comm.allreduce(src, out=src if dst is src else dst, op=op, prescale=sig.prescale,
-                             postscale=post, name=sig.name)
+        if sig.prescale != 1.0:  # (a copy: the input stays as the caller gave it)
+            self._comm.allreduce(src, out=src if dst is src else dst, op=op,
+                                 prescale=sig.prescale, postscale=post, name=sig.name)
+        else:
+            self._comm.allreduce_flat(src, dst, _FUSED_DTYPE[sig.dtype], op, post, sig.name)
         t1 = time.perf_counter()
         if req is not None:
             self._finish_allreduce(req, sig, dst)
