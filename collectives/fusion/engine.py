@@ -33,8 +33,11 @@ engine's thread at all, for callers that wait at once.  A wait with a
 timeout, or once CUDA tensors are in use (their ops run on the engine
 thread's stream), hands the cycle to the engine's thread as before.
 
-Failure: an exception in the engine's thread (a lost peer, a timeout) fails
-every pending handle with that cause; later submissions raise it at once.
+Failure: an exception in a cycle, on the engine's thread or a caller's (a
+lost peer, a timeout), fails every pending handle with that cause; later
+submissions raise it at once.  A KeyboardInterrupt in a caller's cycle stops
+the engine the same way (the ranks can no longer agree on where they are) and
+then reaches the caller.
 """
 from __future__ import annotations
 
@@ -221,7 +224,7 @@ class FusionEngine:
                     return
                 cpu = time.thread_time()
                 self._metrics["caller_cycles"] += 1
-                self._guarded_cycle()
+                self._guarded_cycle(reraise_interrupts=True)
                 self._metrics["thread_cpu_s"] += time.thread_time() - cpu
             finally:
                 self._cycle_lock.release()
@@ -246,7 +249,7 @@ class FusionEngine:
         finally:
             self.stop_timeline()
 
-    def _guarded_cycle(self) -> None:
+    def _guarded_cycle(self, reraise_interrupts: bool = False) -> None:
         try:
             self._cycle()
         except BaseException as exc:  # the cause goes to every waiting handle
@@ -254,6 +257,8 @@ class FusionEngine:
             cls = type(exc) if isinstance(exc, CollectiveError) else CollectiveError
             self._stop(cls, f"the fusion engine stopped after a failure: {type(exc).__name__}: {exc}",
                        exc)
+            if reraise_interrupts and not isinstance(exc, Exception):
+                raise
 
     def _due(self) -> bool:
         """Work to do, or a heartbeat due (IDLE_S without a cycle)."""

@@ -123,8 +123,8 @@ def _communicator(cls):
 def die_in_fused_allreduce(outdir, victim, nth, nelem=1 << 16, seconds=20.0):
     """The victim dies inside its nth fused allreduce, once every survivor is in it too.
 
-    The fusion engine's executor calls the communicator with a name of the form
-    `fusion.<first tensor>+<others>` for a fused buffer; the victim's communicator
+    The fusion engine's executor calls the communicator (`allreduce_flat`) with a name
+    of the form `fusion.<first tensor>+<others>` for a fused buffer; the victim's communicator
     waits 0.2 s there (the survivors enter the same collective) and SIGKILLs itself.
     """
     from collectives import Communicator
@@ -134,13 +134,13 @@ def die_in_fused_allreduce(outdir, victim, nth, nelem=1 << 16, seconds=20.0):
     class DiesInFusedAllreduce(Communicator):
         calls = 0
 
-        def allreduce(self, x, *args, name=None, **kw):
+        def allreduce_flat(self, src, dst, dtype, op, postscale=1.0, name=None):
             if name and name.startswith("fusion.") and "+" in name:
                 DiesInFusedAllreduce.calls += 1
                 if DiesInFusedAllreduce.calls == nth:
                     time.sleep(0.2)
                     die_now(outdir, rank, f"fused allreduce {name}")
-            return super().allreduce(x, *args, name=name, **kw)
+            return super().allreduce_flat(src, dst, dtype, op, postscale, name)
 
     def body():
         import horovod_spark.torch as hvd

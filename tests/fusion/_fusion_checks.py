@@ -466,3 +466,44 @@ def lose_a_peer(workdir: str, timeout) -> None:
         text += f"\nsubmit after the failure: {type(exc).__name__}: {exc}"
     with open(os.path.join(workdir, "lost_peer.txt"), "w") as f:
         f.write(text)
+
+
+def interrupt_a_waiting_caller(workdir: str, inside_cycle: bool) -> str:
+    """Ctrl-C on rank 0 while it waits for an op that rank 1 has not submitted: the
+    KeyboardInterrupt reaches rank 0's caller, never a hang.  inside_cycle: the signal
+    comes while rank 0's own thread runs a cycle (sent from inside it), so the engine
+    stops and says why; else half a second into the wait, wherever it is then."""
+    import signal
+    import threading
+
+    comm = collectives.init(collectives.Config.create({"timeout": 20.0}))
+    eng = FusionEngine(comm)
+    eng.submit("ki.sync", "barrier").wait(WAIT)
+    if comm.rank == 1:
+        time.sleep(3.0)  # never submits ki.x; its engine's heartbeats keep cycling
+        return "waited"
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if inside_cycle:
+        vector, main = eng._vector, threading.get_ident()
+
+        def signalled_vector():
+            if threading.get_ident() == main:
+                os.kill(os.getpid(), signal.SIGINT)  # handled at this thread's next bytecode
+            return vector()
+
+        eng._vector = signalled_vector
+    else:
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+    t0 = time.monotonic()
+    try:
+        eng.submit("ki.x", "allreduce", np.ones(4), lazy=True).wait()
+        return "no interrupt"
+    except KeyboardInterrupt:
+        text = f"interrupted after {time.monotonic() - t0:.1f} s"
+    if inside_cycle:
+        try:
+            eng.submit("ki.y", "allreduce", np.ones(4))
+            text += "; a later submit: no error"
+        except CollectiveError as exc:
+            text += f"; a later submit: {type(exc).__name__}: {exc}"
+    return text

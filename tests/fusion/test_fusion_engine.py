@@ -120,3 +120,13 @@ def test_a_lost_peer_fails_pending_ops_with_the_cause(tmp_path, timeout):
     assert "lp.x" in first and "rank 0/2" in first and "failure" in first, text
     assert "shut down" not in first, text
     assert "lp.y" in later and "failure" in later, text
+
+
+@pytest.mark.parametrize("inside_cycle", [True, False], ids=["inside-its-cycle", "at-any-point"])
+def test_ctrl_c_reaches_a_caller_that_runs_the_cycles(tmp_path, inside_cycle):
+    got = run_local(checks.interrupt_a_waiting_caller, 2, args=(str(tmp_path), inside_cycle),
+                    timeout=60)[0]
+    assert got.startswith("interrupted after"), got
+    assert float(got.split()[2]) < 3.0, got  # at the signal, not when rank 1 moves on
+    if inside_cycle:  # the ranks no longer agree on where they are: the engine says why
+        assert "ki.y" in got and "KeyboardInterrupt" in got and "rank 0/2" in got, got
