@@ -7,13 +7,16 @@ waited for gradients.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
+import threading
 import time
 from typing import Optional
 
 from .._common import HorovodState
 
-__all__ = ["init", "shutdown", "is_initialized", "engine", "communicator", "rank", "size",
+__all__ = ["init", "shutdown", "is_initialized", "engine", "submit", "waiting_now",
+           "communicator", "rank", "size",
            "local_rank", "local_size", "cross_rank", "cross_size", "is_homogeneous",
            "metrics", "record_step", "op_name", "start_timeline", "stop_timeline"]
 
@@ -33,6 +36,27 @@ communicator, engine = STATE.communicator, STATE.engine
 rank, size, local_rank, local_size = STATE.rank, STATE.size, STATE.local_rank, STATE.local_size
 cross_rank, cross_size, is_homogeneous = STATE.cross_rank, STATE.cross_size, STATE.is_homogeneous
 start_timeline, stop_timeline = STATE.start_timeline, STATE.stop_timeline
+
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def waiting_now():
+    """The ops this thread submits inside are waited for as soon as it exits (a blocking
+    op, or the one gradient group of a step): they go to the engine `lazy`, so the wait
+    runs their cycle on this thread and the engine's thread is not woken for them."""
+    before = getattr(_local, "now", False)
+    _local.now = True
+    try:
+        yield
+    finally:
+        _local.now = before
+
+
+def submit(name: str, kind: str, *args, **kwargs):
+    """engine().submit, lazy inside waiting_now()."""
+    return engine().submit(name, kind, *args, lazy=getattr(_local, "now", False), **kwargs)
 
 
 def op_name(kind: str, name: Optional[str]) -> str:

@@ -33,14 +33,19 @@ def broadcast_parameters(params, root_rank: int = 0, prefix=None) -> None:
         raise ValueError(f"invalid params of type {type(params).__name__}; pass a state_dict or "
                          "a list of (name, tensor)")
     handles = []
+    with _state.waiting_now():  # all submitted, then all waited for
+        _submit_broadcasts(items, root_rank, prefix, handles)
+    for h in handles:
+        M.synchronize(h)
+
+
+def _submit_broadcasts(items, root_rank: int, prefix, handles: list) -> None:
     for i, (name, p) in enumerate(items):
         if not isinstance(p, torch.Tensor):
             raise ValueError(f"broadcast_parameters: {name or i!r} is a {type(p).__name__}, not a tensor")
         label = name if name is not None else f"param.{i}"
         handles.append(M.broadcast_async_(p.data, root_rank,
                                           name=f"{prefix or 'params'}.{label}"))
-    for h in handles:
-        M.synchronize(h)
 
 
 def broadcast_optimizer_state(optimizer, root_rank: int = 0, prefix: str = "Parameter.",
@@ -62,11 +67,11 @@ def broadcast_object(obj, root_rank: int = 0, name=None, process_set=M.global_pr
         length = np.array([payload.size], np.int64)
     else:
         payload, length = None, np.zeros(1, np.int64)
-    eng = _state.engine()
-    eng.submit(f"{base}.length", "broadcast", length, out=length, root=root_rank).wait()
+    eng = _state.engine()  # every op here is waited for at once: lazy
+    eng.submit(f"{base}.length", "broadcast", length, out=length, root=root_rank, lazy=True).wait()
     if payload is None:
         payload = np.empty(int(length[0]), np.uint8)
-    eng.submit(f"{base}.bytes", "broadcast", payload, out=payload, root=root_rank).wait()
+    eng.submit(f"{base}.bytes", "broadcast", payload, out=payload, root=root_rank, lazy=True).wait()
     return obj if _state.rank() == root_rank else cloudpickle.loads(payload.tobytes())
 
 
@@ -75,10 +80,10 @@ def allgather_object(obj, name=None, process_set=M.global_process_set) -> list:
     M._check_process_set(process_set)
     base = _state.op_name("allgather_object", name)
     payload = np.frombuffer(cloudpickle.dumps(obj), np.uint8)
-    eng = _state.engine()
+    eng = _state.engine()  # every op here is waited for at once: lazy
     lengths = np.asarray(eng.submit(f"{base}.lengths", "allgather",
-                                    np.array([payload.size], np.int64)).wait())
-    blob = np.asarray(eng.submit(f"{base}.bytes", "allgather", payload).wait())
+                                    np.array([payload.size], np.int64), lazy=True).wait())
+    blob = np.asarray(eng.submit(f"{base}.bytes", "allgather", payload, lazy=True).wait())
     out, off = [], 0
     for n in lengths.tolist():
         out.append(cloudpickle.loads(blob[off:off + n].tobytes()))

@@ -99,7 +99,7 @@ def _reduce_finish(op_avg_int: bool, inplace: Optional[torch.Tensor]):
 
 def _allreduce_submit(tensor, out, name, op, prescale, postscale):
     int_avg = _integer_average(tensor, op)
-    return _state.engine().submit(name, "allreduce", tensor, out=out,
+    return _state.submit(name, "allreduce", tensor, out=out,
                                   op=Sum if int_avg else op, prescale=prescale,
                                   postscale=postscale), int_avg
 
@@ -160,14 +160,14 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
 def allgather_async(tensor, name=None, process_set=global_process_set) -> TorchHandle:
     """Concatenate every rank's tensor along dim 0 (first dimensions may differ)."""
     _check_process_set(process_set)
-    h = _state.engine().submit(_state.op_name("allgather", name), "allgather", tensor)
+    h = _state.submit(_state.op_name("allgather", name), "allgather", tensor)
     return TorchHandle([h], lambda r: r[0])
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> TorchHandle:
     """root_rank's tensor on every rank, in a new tensor."""
     _check_process_set(process_set)
-    h = _state.engine().submit(_state.op_name("broadcast", name), "broadcast", tensor,
+    h = _state.submit(_state.op_name("broadcast", name), "broadcast", tensor,
                                root=root_rank)
     return TorchHandle([h], lambda r: r[0])
 
@@ -175,7 +175,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> TorchHandle:
     """root_rank's tensor on every rank, written in place."""
     _check_process_set(process_set)
-    h = _state.engine().submit(_state.op_name("broadcast", name), "broadcast", tensor,
+    h = _state.submit(_state.op_name("broadcast", name), "broadcast", tensor,
                                out=tensor, root=root_rank)
     return TorchHandle([h], lambda r: tensor)
 
@@ -191,7 +191,7 @@ def _splits_list(splits) -> Optional[List[int]]:
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> TorchHandle:
     """Rows splits[j] go to rank j; synchronize returns (output, received_splits)."""
     _check_process_set(process_set)
-    h = _state.engine().submit(_state.op_name("alltoall", name), "alltoall", tensor,
+    h = _state.submit(_state.op_name("alltoall", name), "alltoall", tensor,
                                splits=_splits_list(splits))
 
     def finish(results):
@@ -206,7 +206,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     _check_process_set(process_set)
     op = handle_average_backwards_compatibility(op, None)
     int_avg = _integer_average(tensor, op)
-    h = _state.engine().submit(_state.op_name("reducescatter", name), "reducescatter", tensor,
+    h = _state.submit(_state.op_name("reducescatter", name), "reducescatter", tensor,
                                op=Sum if int_avg else op, prescale=prescale_factor,
                                postscale=postscale_factor)
     return TorchHandle([h], _reduce_finish(int_avg, None))
@@ -216,8 +216,7 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set) 
     """allgather of each tensor, submitted together; synchronize returns a list."""
     _check_process_set(process_set)
     base = _state.op_name("grouped_allgather", name)
-    eng = _state.engine()
-    return TorchHandle([eng.submit(f"{base}.{i}", "allgather", t) for i, t in enumerate(tensors)],
+    return TorchHandle([_state.submit(f"{base}.{i}", "allgather", t) for i, t in enumerate(tensors)],
                        list)
 
 
@@ -230,7 +229,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
     handles, floors = [], []
     for i, t in enumerate(tensors):
         int_avg = _integer_average(t, op)
-        handles.append(_state.engine().submit(f"{base}.{i}", "reducescatter", t,
+        handles.append(_state.submit(f"{base}.{i}", "reducescatter", t,
                                               op=Sum if int_avg else op, prescale=prescale_factor,
                                               postscale=postscale_factor))
         floors.append(int_avg)
@@ -272,4 +271,6 @@ def join(device=-1) -> int:
 def barrier(process_set=global_process_set) -> None:
     """Return once every rank has called barrier()."""
     _check_process_set(process_set)
-    _state.engine().submit(_state.op_name("barrier", None), "barrier").wait()
+    with _state.waiting_now():
+        handle = _state.submit(_state.op_name("barrier", None), "barrier")
+    handle.wait()

@@ -55,6 +55,9 @@ class _DistributedOptimizer:
         self._requires_update = [p for p in params if p.requires_grad]
         self._delay = {p: self.backward_passes_per_step for p in params}
         self._group_of = _group_of(groups, self._requires_update)
+        # one group: it is submitted at the end of backward and waited for in step(), with
+        # nothing to overlap in between, so it goes lazily (the wait runs its cycle)
+        self._one_group = len(set(self._group_of.values())) == 1
         self._ready: set = set()  # delay reached 0 this step
         self._handles: dict = {}
         self._synchronized = False
@@ -93,8 +96,9 @@ class _DistributedOptimizer:
         if group is None:
             self._handles[p] = self._allreduce_grad_async(p)
         elif all(q in self._ready for q in group):
-            for q in group:
-                self._handles[q] = self._allreduce_grad_async(q)
+            with _state.waiting_now() if self._one_group else contextlib.nullcontext():
+                for q in group:
+                    self._handles[q] = self._allreduce_grad_async(q)
 
     def _allreduce_grad_async(self, p):
         if p.grad is None:  # unused this step on this rank; another rank may have used it
@@ -111,9 +115,10 @@ class _DistributedOptimizer:
     def synchronize(self) -> None:
         """Wait for every gradient's allreduce and write the results into .grad."""
         t0 = time.perf_counter()
-        for p in self._requires_update:
-            if self._handles.get(p) is None:
-                self._handles[p] = self._allreduce_grad_async(p)
+        with _state.waiting_now():  # waited for just below
+            for p in self._requires_update:
+                if self._handles.get(p) is None:
+                    self._handles[p] = self._allreduce_grad_async(p)
         for p, (handle, ctx) in self._handles.items():
             out = self._compression.decompress(M.synchronize(handle), ctx)
             self._delay[p] = self.backward_passes_per_step

@@ -1,6 +1,7 @@
 """The blocking ops of Horovod's torch API, differentiable where Horovod's are.
 
-Each is its async twin plus `synchronize`, wrapped in an autograd Function
+Each is its async twin plus `synchronize` (submitted lazily: the wait runs the
+engine's cycle on the caller's thread), wrapped in an autograd Function
 with Horovod's gradients: the gradient of an allreduce is the allreduce of
 the gradient; of an allgather, the averaged gradient's own rows; of a
 broadcast, the averaged gradient on the root and zeros elsewhere; of an
@@ -20,11 +21,18 @@ __all__ = ["allreduce", "allreduce_", "grouped_allreduce", "grouped_allreduce_",
            "grouped_reducescatter"]
 
 
+def _now(start):
+    """Submit (start()) and wait: the ops go lazily (see _state.waiting_now)."""
+    with _state.waiting_now():
+        handle = start()
+    return M.synchronize(handle)
+
+
 class _Allreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, pre, post):
         ctx.args = (op, pre, post)
-        return M.synchronize(M.allreduce_async(tensor, name=name, op=op, prescale_factor=pre,
+        return _now(lambda: M.allreduce_async(tensor, name=name, op=op, prescale_factor=pre,
                                                postscale_factor=post))
 
     @staticmethod
@@ -46,7 +54,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=M.global_process_set):
     """Reduce `tensor` over every rank in place; returns it."""
-    return M.synchronize(M.allreduce_async_(tensor, average, name, op, prescale_factor,
+    return _now(lambda: M.allreduce_async_(tensor, average, name, op, prescale_factor,
                                             postscale_factor, process_set))
 
 
@@ -54,7 +62,7 @@ class _GroupedAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, pre, post, *tensors):
         ctx.args = (op, pre, post)
-        return tuple(M.synchronize(M.grouped_allreduce_async(
+        return tuple(_now(lambda: M.grouped_allreduce_async(
             list(tensors), name=name, op=op, prescale_factor=pre, postscale_factor=post)))
 
     @staticmethod
@@ -77,7 +85,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=M.global_process_set):
-    return M.synchronize(M.grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+    return _now(lambda: M.grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
                                                     postscale_factor, process_set))
 
 
@@ -85,12 +93,12 @@ class _Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name):
         ctx.rows = tensor.shape[0] if tensor.dim() else 1
-        return M.synchronize(M.allgather_async(tensor, name=name))
+        return _now(lambda: M.allgather_async(tensor, name=name))
 
     @staticmethod
     def backward(ctx, grad):
         reduced = allreduce(grad, op=M.Average)
-        rows = M.synchronize(M.allgather_async(torch.tensor([ctx.rows], dtype=torch.int64)))
+        rows = _now(lambda: M.allgather_async(torch.tensor([ctx.rows], dtype=torch.int64)))
         offset = int(rows[:_state.rank()].sum())
         return reduced.narrow(0, offset, ctx.rows), None
 
@@ -105,7 +113,7 @@ class _Broadcast(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, root, name):
         ctx.root = root
-        return M.synchronize(M.broadcast_async(tensor, root, name=name))
+        return _now(lambda: M.broadcast_async(tensor, root, name=name))
 
     @staticmethod
     def backward(ctx, grad):
@@ -123,13 +131,13 @@ def broadcast(tensor, root_rank, name=None, process_set=M.global_process_set):
 
 def broadcast_(tensor, root_rank, name=None, process_set=M.global_process_set):
     """Overwrite `tensor` with root_rank's; returns it."""
-    return M.synchronize(M.broadcast_async_(tensor, root_rank, name, process_set))
+    return _now(lambda: M.broadcast_async_(tensor, root_rank, name, process_set))
 
 
 class _Alltoall(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, splits, name):
-        out, recv = M.synchronize(M.alltoall_async(tensor, splits, name=name))
+        out, recv = _now(lambda: M.alltoall_async(tensor, splits, name=name))
         ctx.recv = recv
         ctx.mark_non_differentiable(recv)
         return out, recv
@@ -154,12 +162,12 @@ class _Reducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, pre, post):
         ctx.scale = pre * post / (_state.size() if op == M.Average else 1)
-        return M.synchronize(M.reducescatter_async(tensor, name=name, op=op, prescale_factor=pre,
+        return _now(lambda: M.reducescatter_async(tensor, name=name, op=op, prescale_factor=pre,
                                                    postscale_factor=post))
 
     @staticmethod
     def backward(ctx, grad):
-        gathered = M.synchronize(M.allgather_async(grad.contiguous()))
+        gathered = _now(lambda: M.allgather_async(grad.contiguous()))
         return gathered * ctx.scale, None, None, None, None
 
 
@@ -177,12 +185,12 @@ class _GroupedAllgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, *tensors):
         ctx.rows = [t.shape[0] if t.dim() else 1 for t in tensors]
-        return tuple(M.synchronize(M.grouped_allgather_async(list(tensors), name=name)))
+        return tuple(_now(lambda: M.grouped_allgather_async(list(tensors), name=name)))
 
     @staticmethod
     def backward(ctx, *grads):
         reduced = grouped_allreduce(list(grads), op=M.Average)
-        rows = M.synchronize(M.allgather_async(torch.tensor([ctx.rows], dtype=torch.int64)))
+        rows = _now(lambda: M.allgather_async(torch.tensor([ctx.rows], dtype=torch.int64)))
         offsets = rows[:_state.rank()].sum(0).tolist()
         return (None, *[g.narrow(0, off, n) for g, off, n in zip(reduced, offsets, ctx.rows)])
 
@@ -197,12 +205,12 @@ class _GroupedReducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, pre, post, *tensors):
         ctx.scale = pre * post / (_state.size() if op == M.Average else 1)
-        return tuple(M.synchronize(M.grouped_reducescatter_async(
+        return tuple(_now(lambda: M.grouped_reducescatter_async(
             list(tensors), name=name, op=op, prescale_factor=pre, postscale_factor=post)))
 
     @staticmethod
     def backward(ctx, *grads):
-        gathered = M.synchronize(M.grouped_allgather_async([g.contiguous() for g in grads]))
+        gathered = _now(lambda: M.grouped_allgather_async([g.contiguous() for g in grads]))
         return (None, None, None, None, *[g * ctx.scale for g in gathered])
 
 
