@@ -40,11 +40,13 @@ def test_every_notebook_has_a_test():
 
 @pytest.fixture(scope="module")
 def kernel_env(tmp_path_factory):
-    """JUPYTER_PATH with our kernelspec first; the checkout importable in the kernel."""
+    """JUPYTER_PATH with our kernelspec first; the checkout importable in the kernel; the
+    kernel's temporary files (the notebooks' stores and saved models) under pytest's tmp."""
     share = install_kernel(str(tmp_path_factory.mktemp("jupyter")))
-    saved = {k: os.environ.get(k) for k in ("JUPYTER_PATH", "PYTHONPATH")}
+    saved = {k: os.environ.get(k) for k in ("JUPYTER_PATH", "PYTHONPATH", "TMPDIR")}
     os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [share, saved["JUPYTER_PATH"]]))
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, saved["PYTHONPATH"]]))
+    os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("kernel-tmp"))
     yield
     for key, value in saved.items():
         if value is None:
