@@ -38,6 +38,9 @@ class Config:
     force_tcp: bool = False
     #: Bytes of shared-memory staging per local rank.
     shm_slot_bytes: int = 4 * 1024 * 1024
+    #: Large allreduces between ranks of one host read the peers' buffers in place
+    #: (cross-memory attach), where the kernel allows it; False on any rank: never.
+    shm_cma: bool = True
 
     def __post_init__(self) -> None:
         for name in ("timeout", "connect_timeout"):
@@ -101,4 +104,5 @@ ENV_TABLE = {
     "HOROVOD_SPARK_BACKEND": ("backend", str.lower),
     "HOROVOD_SPARK_FORCE_TCP": ("force_tcp", _bool),
     "HOROVOD_SPARK_SHM_SLOT_BYTES": ("shm_slot_bytes", int),
+    "HOROVOD_SPARK_SHM_CMA": ("shm_cma", _bool),
 }

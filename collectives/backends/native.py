@@ -29,6 +29,8 @@ __all__ = ["NativeBackend", "TUNING", "usable_cores"]
 TUNING = {
     "shm_chunk": 256 * 1024,    # one shared-memory step: fits L2 with the data it touches
     "small_bytes": 64 * 1024,   # allreduce up to here in one step, every rank reducing all
+    "cma_bytes": 4 * 1024 * 1024,  # allreduce from here up by cross-memory attach (0: never)
+    "cma_chunk": 2 * 1024 * 1024,  # its pipelined chunks
     "tcp_chunk": 512 * 1024,    # one ring item (and the staging buffer of a reduce)
     "spin_us": 50,              # spin before yielding, when every local rank has a core
     "yield_us": 200,            # then yield the core before sleeping
@@ -78,6 +80,9 @@ class NativeBackend(Backend):
         opts.yield_ns = int(tune[crowded + "yield_us"] * 1000)
         opts.shm_chunk = int(tune[crowded + "shm_chunk"] if crowded else tune["shm_chunk"])
         opts.small_bytes = int(tune["small_bytes"])
+        opts.cma_bytes = int(tune["cma_bytes"])
+        opts.cma_chunk = int(tune["cma_chunk"])
+        opts.cma = bool(config.shm_cma)
         opts.tcp_chunk = int(tune["tcp_chunk"])
         fds = [-1] * topo.size
         for peer, sock in mesh.socks.items():
@@ -163,6 +168,12 @@ class NativeBackend(Backend):
         peer = kw.get("peer")
         return describe(what, rank=self.rank, size=self.size, op=op,
                         address=self._mesh.addresses[peer] if peer is not None else None, **kw)
+
+    @property
+    def cma(self) -> str:
+        """Cross-memory attach in large shm allreduces: 'on' or 'off' once the ranks of
+        this host agreed (their first large allreduce), 'unknown' before, 'none' alone."""
+        return self._native().cma
 
     def _native(self):
         if self._ctx is None:

@@ -156,12 +156,16 @@ void bind_context(py::module_& m) {
       .def_readwrite("yield_ns", &ContextOptions::yield_ns)
       .def_readwrite("shm_chunk", &ContextOptions::shm_chunk)
       .def_readwrite("small_bytes", &ContextOptions::small_bytes)
+      .def_readwrite("cma_bytes", &ContextOptions::cma_bytes)
+      .def_readwrite("cma_chunk", &ContextOptions::cma_chunk)
+      .def_readwrite("cma", &ContextOptions::cma)
       .def_readwrite("tcp_chunk", &ContextOptions::tcp_chunk);
 
   py::class_<PyContext>(m, "Context")
       .def(py::init<ContextOptions, std::vector<int>, PySegment*, std::vector<std::string>>(),
            "options"_a, "fds"_a, "segment"_a, "addresses"_a)
       .def_property_readonly("hierarchical", [](PyContext& c) { return c.ctx_->hierarchical(); })
+      .def_property_readonly("cma", [](PyContext& c) { return std::string(c.ctx_->cma_state()); })
       .def("allreduce", [](PyContext& c, py::buffer src, py::buffer dst, int dtype, int op, long seq) {
         DType dt = dtype_arg(dtype);
         ReduceOp o = op_arg(op);

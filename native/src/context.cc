@@ -23,6 +23,7 @@ int index_of(const std::vector<int>& v, int x) {
 bool is_member(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
 
 constexpr uint64_t kNoticeBudgetNs = 2000000000ull;  // a failing rank waits at most this for slow sockets
+constexpr uint64_t kCmaDigest = 0x434d41;  // "CMA": an allreduce by cross-memory attach
 }  // namespace
 
 Context::Context(ContextOptions opt, std::vector<int> fds, std::unique_ptr<Segment> seg)
@@ -48,6 +49,7 @@ Context::Context(ContextOptions opt, std::vector<int> fds, std::unique_ptr<Segme
     WaitPolicy policy{opt_.spin_ns, opt_.yield_ns, seconds_to_ns(opt_.timeout_s)};
     shm_.reset(new ShmGroup(std::move(seg), index_of(locals_, opt_.rank), locals_, std::move(pids),
                             policy, opt_.shm_chunk));
+    shm_->want_cma(opt_.cma);
   }
 }
 
@@ -72,6 +74,15 @@ Status Context::fail(Status st) {
       send_notices(links_, make_notice(agree_, st), std::min<uint64_t>(seconds_to_ns(opt_.timeout_s), kNoticeBudgetNs));
   }
   return st;
+}
+
+const char* Context::cma_state() const {
+  if (!shm_) return "none";
+  switch (shm_->cma()) {
+    case ShmGroup::Cma::kOn: return "on";
+    case ShmGroup::Cma::kOff: return "off";
+    default: return "unknown";
+  }
 }
 
 void Context::tag(const OpTag& t) {
@@ -111,7 +122,17 @@ Status Context::allreduce(const void* src, void* dst, size_t count, DType dt, Re
     if (dst != src) std::memmove(dst, src, count * elem);
     return Status();
   }
-  tag(OpTag{OpTag::kAllreduce, static_cast<int>(dt), static_cast<int>(op), -1, count, 0});
+  // The algorithm is part of the tag: ranks that would take different ones (their
+  // cma_bytes differ) fail with a MismatchError instead of reading garbage.
+  const bool cma = leaders_.empty() && opt_.cma_bytes && count * elem >= opt_.cma_bytes &&
+                   shm_->cma() != ShmGroup::Cma::kOff;
+  tag(OpTag{OpTag::kAllreduce, static_cast<int>(dt), static_cast<int>(op), -1, count,
+            cma ? kCmaDigest : 0});
+  if (cma) {
+    bool used = false;
+    HVS_CHECK(shm_allreduce_cma(*shm_, src, dst, count, elem, fn, opt_.cma_chunk, &used));
+    if (used) return Status();
+  }
   if (leaders_.empty())
     return shm_allreduce(*shm_, src, dst, count, elem, fn, -1, opt_.small_bytes);
   HVS_CHECK(hier_allreduce(src, dst, count, elem, fn));

@@ -41,6 +41,9 @@ struct ContextOptions {
   uint64_t yield_ns = 200000;
   size_t shm_chunk = 256 * 1024;  // bytes per shm step buffer
   size_t small_bytes = 64 * 1024;  // shm allreduce: one-step path up to here
+  size_t cma_bytes = 0;  // shm allreduce from here up by cross-memory attach; 0: never
+  size_t cma_chunk = 2 * 1024 * 1024;  // bytes per pipelined chunk of that algorithm
+  bool cma = true;       // this rank agrees to cross-memory attach (all must)
   size_t tcp_chunk = 512 * 1024;
 };
 
@@ -63,6 +66,9 @@ class Context {
   Status fail(Status st);
   const ContextOptions& options() const { return opt_; }
   bool hierarchical() const { return shm_ && !leaders_.empty(); }
+  // Cross-memory attach in the shm allreduce: "on" or "off" once the local ranks
+  // agreed (on the first large allreduce), "unknown" before, "none" without shm.
+  const char* cma_state() const;
 
  private:
   Status check_usable();       // also starts the op: every op counts (Agreement::seq)

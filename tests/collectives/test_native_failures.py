@@ -14,9 +14,10 @@ from collectives.launch import RankFailed, run_local
 TCP = {"HOROVOD_SPARK_FORCE_TCP": "1"}
 
 
-def _kill_one_and_report(victim, outdir, nbytes):
+def _kill_one_and_report(victim, outdir, nbytes, mid_op=False):
     import os
     import signal
+    import threading
 
     import numpy as np
 
@@ -26,10 +27,13 @@ def _kill_one_and_report(victim, outdir, nbytes):
     x = np.ones(nbytes // 4, np.float32)
     comm.allreduce(x)  # everybody is up and connected
     if comm.rank == victim:
-        os.kill(os.getpid(), signal.SIGKILL)
+        if not mid_op:
+            os.kill(os.getpid(), signal.SIGKILL)
+        # dies while it runs back-to-back allreduces: almost surely inside one
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
     try:
-        comm.allreduce(x)
-        comm.allreduce(x)
+        for _ in range(10_000 if mid_op else 2):
+            comm.allreduce(x, out=x)
         report = {"error": None}
     except collectives.CollectiveError as exc:
         report = {"error": type(exc).__name__, "message": str(exc)}
@@ -47,13 +51,19 @@ def _reports(tmp_path, size, victim):
     return out
 
 
-@pytest.mark.parametrize("path,env,nbytes", [("shm", {}, 4096), ("shm", {}, 8 << 20),
-                                             ("tcp", TCP, 4096), ("tcp", TCP, 8 << 20)],
-                         ids=["shm-small", "shm-large", "tcp-small", "tcp-large"])
-def test_a_killed_peer_is_named_in_the_error_on_every_other_rank(tmp_path, path, env, nbytes):
+@pytest.mark.parametrize("path,env,nbytes,mid_op", [
+    ("shm", {}, 4096, False), ("shm", {}, 8 << 20, False), ("shm", {}, 8 << 20, True),
+    ("shm", {"HOROVOD_SPARK_SHM_CMA": "0"}, 8 << 20, True),
+    ("tcp", TCP, 4096, False), ("tcp", TCP, 8 << 20, False)],
+    ids=["shm-small", "shm-large", "shm-large-mid-op", "shm-staged-large-mid-op", "tcp-small",
+         "tcp-large"])
+def test_a_killed_peer_is_named_in_the_error_on_every_other_rank(tmp_path, path, env, nbytes,
+                                                                 mid_op):
+    """(shm-large takes cross-memory attach where the kernel allows it; staged disables it.)"""
     env = {**env, "HOROVOD_SPARK_TIMEOUT": "20"}
     with pytest.raises(RankFailed) as info:
-        run_local(_kill_one_and_report, 3, args=(2, str(tmp_path), nbytes), env=env, timeout=60)
+        run_local(_kill_one_and_report, 3, args=(2, str(tmp_path), nbytes, mid_op), env=env,
+                  timeout=60)
     assert info.value.rank == 2, info.value
     reports = _reports(tmp_path, 3, victim=2)
     assert sorted(reports) == [0, 1], f"survivors did not report in time: {reports}"

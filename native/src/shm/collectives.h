@@ -21,6 +21,12 @@ struct Span {
 Status shm_allreduce(ShmGroup& g, const void* src, void* dst, size_t count, size_t elem,
                      ReduceFn fn, int root, size_t small_bytes);
 
+// The same as a flat shm_allreduce (root < 0), by cross-memory attach (cma.cc):
+// *used is false, having changed nothing, when the ranks can't or won't use it
+// (then run shm_allreduce).  Every local rank must call it for the same ops.
+Status shm_allreduce_cma(ShmGroup& g, const void* src, void* dst, size_t count, size_t elem,
+                         ReduceFn fn, size_t chunk_bytes, bool* used);
+
 // The spans of local rank `root` are copied into the same spans of every
 // other rank (every rank passes spans of the same lengths).
 Status shm_broadcast(ShmGroup& g, const std::vector<Span>& spans, int root);

@@ -73,6 +73,14 @@ class ShmGroup {
   int size() const { return static_cast<int>(world_.size()); }
   int me() const { return me_; }
   int world_rank(int local) const { return world_[local]; }
+  pid_t pid(int local) const { return pids_[local]; }
+
+  // Cross-memory attach (cma.cc): wanted by this rank; agreed by all, once.
+  enum class Cma { kUnknown, kOn, kOff };
+  bool cma_wanted() const { return cma_wanted_; }
+  void want_cma(bool wanted) { cma_wanted_ = wanted; }
+  Cma cma() const { return cma_; }
+  void set_cma(Cma state) { cma_ = state; }
   size_t buf_bytes() const { return buf_bytes_; }
   size_t chunk_bytes() const { return chunk_bytes_; }
 
@@ -112,6 +120,8 @@ class ShmGroup {
   uint64_t step_ = 0;
   std::vector<uint64_t> end_phase_;  // phase at the end of step g, at g % nbuf
   OpTag tag_;
+  bool cma_wanted_ = false;
+  Cma cma_ = Cma::kUnknown;
 };
 
 }  // namespace hvs
