@@ -35,16 +35,22 @@ thread's stream), hands the cycle to the engine's thread as before.
 
 Failure: an exception in a cycle, on the engine's thread or a caller's (a
 lost peer, a timeout), fails every pending handle with that cause; later
-submissions raise it at once.  A KeyboardInterrupt in a caller's cycle stops
-the engine the same way (the ranks can no longer agree on where they are) and
-then reaches the caller.
+submissions raise it at once.  A KeyboardInterrupt in a caller's cycle (Python
+runs signal handlers between any two bytecodes of the main thread) stops the
+engine the same way, since this rank may be out of step with the others, and
+then reaches the caller; one between cycles leaves the engine as it is.  Every
+op submitted and not finished is registered (`_live`), so a stop fails it
+wherever the cut-short cycle left it.
 """
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from typing import Dict, List, Optional
+
+import numpy as np
 
 from ..errors import CollectiveError, CollectiveTimeout, MismatchError, describe
 from ..types import DType, ReduceOp
@@ -80,7 +86,7 @@ class FusionEngine:
         self._wake = threading.Event()  # a submission arrived
         self._kick = threading.Event()  # someone waits on a handle: cycle now
         self._queue: list = []
-        self._names: set = set()
+        self._live: Dict[str, Request] = {}  # submitted, not finished: what _stop must fail
         self._pending: Dict[str, Request] = {}
         self._layout = C.Layout(self.size)
         self._cache = ResponseCache()
@@ -92,12 +98,14 @@ class FusionEngine:
         self._executor = Executor(comm, self._config.fusion_threshold, timeline, self._metrics,
                                   self._done)
         self._joined, self._join_handles, self._join_first = False, [], {}
+        self._live_joins: List[Handle] = []
         self._last_joined = (False,) * self.size
         self._shutdown_requested = False
         self._mark_cycles = False
         self._stopped: Optional[tuple] = None  # (error class, text, cause)
         self._cycle_no, self._synced = 0, time.perf_counter()
         self._cycle_lock = threading.Lock()  # one cycle at a time: the thread's or a driver's
+        self._cycle_owner: Optional[int] = None  # the thread ident of a driving caller
         self._drivable = True  # False once a CUDA tensor is submitted
         self._stall = StallWatch(comm, self._config, self.rank, self.size)
         self._thread = threading.Thread(target=self._run, name=f"fusion-engine-r{self.rank}",
@@ -129,10 +137,10 @@ class FusionEngine:
         with self._lock:
             if self._stopped is not None:
                 self._raise_if_stopped(req.sig.kind, req.sig.tensor())
-            if name in self._names:
+            if name in self._live:
                 raise ValueError(f"{kind} '{name}' on rank {self.rank}/{self.size}: an op with this "
                                  "name is already pending; wait for it or use another name")
-            self._names.add(name)
+            self._live[name] = req
             self._queue.append(req)
         if not lazy and not self._wake.is_set():  # set() takes a lock and notifies: skip it in a burst
             self._wake.set()
@@ -150,6 +158,8 @@ class FusionEngine:
         with self._lock:
             self._shutdown_requested = True
         self._wake.set()
+        if self._cycle_owner == threading.get_ident():
+            return  # called inside this thread's own cycle (a signal handler): it goes out next
         if threading.current_thread() is not self._thread:
             self._thread.join(self._config.timeout + 5.0 if timeout is None else timeout)
         if self._thread.is_alive():
@@ -197,6 +207,7 @@ class FusionEngine:
         with self._lock:
             self._raise_if_stopped("join", "join")
             self._queue.append(handle)
+            self._live_joins.append(handle)
         self._wake.set()
         return handle
 
@@ -208,6 +219,12 @@ class FusionEngine:
     # -- waiting on a handle -----------------------------------------------------
     def _on_wait(self, handle, timeout: Optional[float]) -> None:
         """A caller starts waiting on `handle`: run the cycles here, or wake the thread."""
+        if self._cycle_owner == threading.get_ident():
+            raise RuntimeError(describe(
+                f"{handle.kind} '{handle.name}' was waited for inside this thread's own fusion "
+                "cycle, which can't end before it (a signal handler that runs a collective?)",
+                rank=self.rank, size=self.size, op=handle.kind,
+                hint="in a signal handler, set a flag and run the collective from the loop"))
         if timeout is None and self._drivable:
             self._drive(handle)
         if not handle._done:
@@ -217,17 +234,15 @@ class FusionEngine:
     def _drive(self, handle) -> None:
         """Cycle on this thread until `handle` is done, while no other cycle runs."""
         while not handle._done:
-            if not self._cycle_lock.acquire(blocking=False):
-                return  # the engine's thread is cycling: it finishes the handle
-            try:
-                if self._stopped is not None or handle._done:
+            with _CallerCycle(self) as cycle:
+                if not cycle.entered:
+                    return  # the engine's thread is cycling: it finishes the handle
+                if self._stopped is not None or handle._done or not self._drivable:
                     return
                 cpu = time.thread_time()
                 self._metrics["caller_cycles"] += 1
                 self._guarded_cycle(reraise_interrupts=True)
                 self._metrics["thread_cpu_s"] += time.thread_time() - cpu
-            finally:
-                self._cycle_lock.release()
             if not handle._done:  # some rank has not submitted it yet: pace like the thread
                 delay = self._cycle_s - (time.perf_counter() - self._synced)
                 if delay > 0:
@@ -237,12 +252,12 @@ class FusionEngine:
     def _run(self) -> None:
         try:
             while self._stopped is None:
-                self._wait()
+                kicked = self._wait()
                 with self._cycle_lock:
                     if self._stopped is not None:
                         break
-                    if not self._due():
-                        continue  # a caller ran the cycle that woke us
+                    if not self._due(kicked):
+                        continue  # a caller ran the cycle that woke us, or one just now
                     cpu = time.thread_time()
                     self._guarded_cycle()
                     self._metrics["thread_cpu_s"] += time.thread_time() - cpu
@@ -260,13 +275,20 @@ class FusionEngine:
             if reraise_interrupts and not isinstance(exc, Exception):
                 raise
 
-    def _due(self) -> bool:
-        """Work to do, or a heartbeat due (IDLE_S without a cycle)."""
-        return bool(self._queue or self._pending or self._joined or self._shutdown_requested) \
-            or time.perf_counter() - self._synced >= IDLE_S
+    def _due(self, kicked: bool) -> bool:
+        """Whether the engine's thread should cycle now: new work; pending work a cycle
+        time after the last cycle (a caller's counts: two agents must not double the
+        ranks' cycle rate) or sooner for a waiter; or a heartbeat, IDLE_S without a cycle."""
+        if self._queue or self._joined or self._shutdown_requested:
+            return True
+        since = time.perf_counter() - self._synced
+        if self._pending:
+            return kicked or since >= self._cycle_s
+        return since >= IDLE_S
 
-    def _wait(self) -> None:
+    def _wait(self) -> bool:
         """Cycle every cycle time while this rank holds work; else sleep until it gets some.
+        Returns whether a waiter kicked.
 
         A rank that holds nothing cannot make any tensor ready (each needs every
         rank's submission), so only the ranks with pending work keep cycling; the
@@ -282,16 +304,23 @@ class FusionEngine:
         else:
             self._wake.clear()
             idle = IDLE_S - (time.perf_counter() - self._synced)  # callers' cycles count too
-            if not self._queue and self._wake.wait(max(idle, 0.0)) and self._cycle_s > 0:
+            # (a caller may have drained the queue into _pending meanwhile: look again)
+            if not (self._queue or self._pending) and self._wake.wait(max(idle, 0.0)) and \
+                    self._cycle_s > 0:
                 self._kick.wait(self._cycle_s)  # let a burst of submissions gather
+        kicked = self._kick.is_set()
         self._kick.clear()
+        return kicked
 
     def _cycle(self) -> None:
         t0 = time.perf_counter()
         self._cycle_no += 1
-        if self._mark_cycles and self._executor.timeline is not None:
-            self._executor.timeline.mark("CYCLE_START", t0)
+        tl = self._executor.timeline  # read once: a user thread may stop it meanwhile
+        if self._mark_cycles and tl is not None:
+            tl.mark("CYCLE_START", t0)
         self._drain()
+        if not self._drivable and threading.current_thread() is not self._thread:
+            return  # CUDA work came in: it runs on the engine's thread (nothing sent yet)
         if self.size == 1:
             return self._cycle_alone(t0)
         vec, payload = self._vector()
@@ -413,7 +442,7 @@ class FusionEngine:
 
     def _done(self, req: Request, result, error: Optional[BaseException]) -> None:
         with self._lock:
-            self._names.discard(req.name)
+            self._live.pop(req.name, None)
         self._metrics["tensors"] += 1
         req.handle._finish(result, error)
 
@@ -426,26 +455,71 @@ class FusionEngine:
         last = max(self._join_first.values())[1]
         handles, self._join_handles = self._join_handles, []
         self._joined, self._join_first = False, {}
+        with self._lock:
+            self._live_joins = [h for h in self._live_joins if h not in handles]
         for handle in handles:
             handle._finish(last)
 
     # -- stopping --------------------------------------------------------------
     def _stop(self, cls, text: str, cause: Optional[BaseException]) -> None:
+        """Fail every op submitted and not finished, wherever the cycle left it (pending,
+        queued, or taken by a cycle that an exception cut short)."""
         with self._lock:
             if self._stopped is None:
                 self._stopped = (cls, text, cause)
-            queue, self._queue = self._queue, []
+            self._queue = []
+            reqs, self._live = list(self._live.values()), {}
+            joins, self._live_joins = self._live_joins, []
         cls, text, cause = self._stopped
-        reqs = list(self._pending.values()) + [q for q in queue if isinstance(q, Request)]
-        self._pending = {}
+        self._pending, self._join_handles = {}, []
         for req in reqs:
             err = cls(describe(f"failed: {text}", rank=self.rank, size=self.size,
                                op=req.sig.kind, tensor=req.sig.tensor()))
             err.__cause__ = cause
             self._done(req, None, err)
-        joins = self._join_handles + [q for q in queue if isinstance(q, Handle)]
-        self._join_handles = []
         for handle in joins:
             err = cls(describe(f"failed: {text}", rank=self.rank, size=self.size, op="join"))
             err.__cause__ = cause
             handle._finish(None, err)
+
+
+class _CallerCycle:
+    """The cycle lock for one cycle on a waiting caller's thread (`entered`: got it).
+
+    The cycle runs with numpy's default error handling and, when torch is in use,
+    outside inference mode, as on the engine's thread: the handles it finishes may
+    be other threads'.  The owner is recorded, so that a wait nested in the cycle
+    (a signal handler that runs a collective) fails instead of deadlocking.
+    """
+
+    __slots__ = ("_engine", "entered", "_undo")
+
+    def __init__(self, engine: FusionEngine) -> None:
+        self._engine, self.entered, self._undo = engine, False, []
+
+    def __enter__(self) -> "_CallerCycle":
+        self.entered = self._engine._cycle_lock.acquire(blocking=False)
+        if not self.entered:
+            return self
+        self._engine._cycle_owner = threading.get_ident()
+        if np.geterr() != _NUMPY_DEFAULT_ERR:
+            self._undo.append(np.errstate(**_NUMPY_DEFAULT_ERR))
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.is_inference_mode_enabled():
+            self._undo.append(torch.inference_mode(False))
+        for ctx in self._undo:
+            ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.entered:
+            return
+        try:
+            for ctx in reversed(self._undo):
+                ctx.__exit__(None, None, None)
+        finally:
+            self._engine._cycle_owner = None
+            self._engine._cycle_lock.release()
+
+
+_NUMPY_DEFAULT_ERR = {"divide": "warn", "over": "warn", "under": "ignore", "invalid": "warn"}

@@ -291,12 +291,14 @@ class Executor:
         m["collective_s"] += times[2] - times[1]
         if len(group) > 1:
             m["fused_buffers"] += 1
-        if self.timeline is not None:
-            self._trace(group, times)
+        tl = self.timeline  # read once: a user thread may stop the timeline meanwhile
+        if tl is not None:
+            self._trace(tl, group, times)
 
-    def _trace(self, group: List[Response], times: tuple) -> None:
+    @staticmethod
+    def _trace(tl, group: List[Response], times: tuple) -> None:
         t0, t1, t2, t3 = times
-        tl, fused = self.timeline, len(group) > 1
+        fused = len(group) > 1
         for sig, req in group:
             if req is None:
                 continue
@@ -316,10 +318,11 @@ class Executor:
         t1 = time.perf_counter()
         self._metrics["collectives"] += 1
         self._metrics["collective_s"] += t1 - t0
-        if self.timeline is not None and req is not None:
-            self.timeline.span(sig.name, "NEGOTIATE", req.t_submit, req.t_ready)
-            self.timeline.span(sig.name, "QUEUE", req.t_ready, t0)
-            self.timeline.span(sig.name, sig.kind.upper(), t0, t1)
+        tl = self.timeline  # read once: a user thread may stop the timeline meanwhile
+        if tl is not None and req is not None:
+            tl.span(sig.name, "NEGOTIATE", req.t_submit, req.t_ready)
+            tl.span(sig.name, "QUEUE", req.t_ready, t0)
+            tl.span(sig.name, sig.kind.upper(), t0, t1)
         return result
 
     def _zeros(self, sig: Signature, rows: Optional[int] = None) -> np.ndarray:

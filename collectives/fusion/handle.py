@@ -63,9 +63,11 @@ class Handle:
     def _finish(self, result: Any = None, error: Optional[BaseException] = None) -> None:
         if self._done:
             return
-        self._result, self._error = result, error
-        self._done = True
-        self._lock.release()
+        try:
+            self._result, self._error = result, error
+            self._done = True
+        finally:  # whatever interrupts us, the waiters are let go
+            self._lock.release()
 
     def __repr__(self) -> str:
         state = "failed" if self._error is not None else ("done" if self._done else "pending")

@@ -406,6 +406,30 @@ def a_wait_with_a_timeout_times_out_then_the_op_finishes(eng, comm):
     np.testing.assert_array_equal(h.wait(), np.full(3, float(comm.size)))
 
 
+def a_caller_cycle_keeps_the_engines_numpy_error_handling(eng, comm):
+    """A caller that asks numpy to raise on underflow still gets its float16 average:
+    the cycle it runs scales with numpy's defaults, as the engine's thread would."""
+    x = np.full(8, 6e-8, np.float16)  # halving it underflows
+    with np.errstate(all="raise"):
+        got = eng.submit("errstate.avg", "allreduce", x, op=ReduceOp.AVERAGE, lazy=True).wait()
+    np.testing.assert_allclose(np.asarray(got, np.float64), 6e-8, rtol=0.5)
+
+
+def a_caller_cycle_in_inference_mode_finishes_other_ops_as_plain_tensors(eng, comm):
+    """Rank's main thread waits on an op inside torch.inference_mode() and so runs the cycle
+    that also finishes an op submitted before it: that op's result is a plain tensor."""
+    try:
+        import torch
+    except ImportError:
+        return
+    other = eng.submit("inference.other", "allreduce", torch.ones(16))
+    with torch.inference_mode():
+        eng.submit("inference.mine", "allreduce", torch.ones(4), lazy=True).wait()
+    result = other.wait()
+    assert not result.is_inference(), "another op's result was made an inference tensor"
+    result.add_(1)  # fails on an inference tensor outside inference mode
+
+
 CHECKS = [allreduce_every_op_and_dtype_matches_numpy, bfloat16_buffers_reduce_through_a_dtype_tag,
           scale_factors_and_in_place_results_match_numpy, fusion_packs_a_burst_into_few_collectives,
           steady_state_needs_no_negotiation, ranks_may_submit_in_different_orders,
@@ -417,6 +441,8 @@ CHECKS = [allreduce_every_op_and_dtype_matches_numpy, bfloat16_buffers_reduce_th
           a_stalled_tensor_is_reported_with_the_missing_ranks,
           the_timeline_is_chrome_trace_json_with_every_phase,
           waiting_callers_run_the_cycles, threads_waiting_at_once_share_the_cycles,
+          a_caller_cycle_keeps_the_engines_numpy_error_handling,
+          a_caller_cycle_in_inference_mode_finishes_other_ops_as_plain_tensors,
           a_lazy_op_nobody_waits_for_still_finishes,
           a_wait_with_a_timeout_times_out_then_the_op_finishes,
           shutdown_on_one_rank_fails_the_others_ops_naming_it]
@@ -507,3 +533,32 @@ def interrupt_a_waiting_caller(workdir: str, inside_cycle: bool) -> str:
         except CollectiveError as exc:
             text += f"; a later submit: {type(exc).__name__}: {exc}"
     return text
+
+
+def a_signal_handler_waits_inside_the_callers_cycle(workdir: str) -> str:
+    """A SIGUSR1 handler on rank 0 runs a barrier while rank 0's main thread is inside
+    a cycle it drives: a clear error, not a deadlock (the cycle can't end first)."""
+    import signal
+    import threading
+
+    comm = collectives.init(collectives.Config.create({"timeout": 20.0}))
+    eng = FusionEngine(comm)
+    eng.submit("sh.sync", "barrier").wait(WAIT)
+    if comm.rank == 1:
+        time.sleep(3.0)
+        return "waited"
+    signal.signal(signal.SIGUSR1, lambda *_: eng.submit("sh.barrier", "barrier").wait())
+    vector, main = eng._vector, threading.get_ident()
+
+    def signalled_vector():
+        if threading.get_ident() == main:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return vector()
+
+    eng._vector = signalled_vector
+    t0 = time.monotonic()
+    try:
+        eng.submit("sh.x", "allreduce", np.ones(4), lazy=True).wait()
+        return "no error"
+    except CollectiveError as exc:
+        return f"after {time.monotonic() - t0:.1f} s: {exc}"

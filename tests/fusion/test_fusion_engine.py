@@ -102,6 +102,14 @@ def test_threads_waiting_at_once_share_the_cycles(results):
     _ok(results, checks.threads_waiting_at_once_share_the_cycles)
 
 
+def test_a_caller_cycle_keeps_the_engines_numpy_error_handling(results):
+    _ok(results, checks.a_caller_cycle_keeps_the_engines_numpy_error_handling)
+
+
+def test_a_caller_cycle_in_inference_mode_finishes_other_ops_as_plain_tensors(results):
+    _ok(results, checks.a_caller_cycle_in_inference_mode_finishes_other_ops_as_plain_tensors)
+
+
 def test_a_lazy_op_nobody_waits_for_still_finishes(results):
     _ok(results, checks.a_lazy_op_nobody_waits_for_still_finishes)
 
@@ -130,3 +138,10 @@ def test_ctrl_c_reaches_a_caller_that_runs_the_cycles(tmp_path, inside_cycle):
     assert float(got.split()[2]) < 3.0, got  # at the signal, not when rank 1 moves on
     if inside_cycle:  # the ranks no longer agree on where they are: the engine says why
         assert "ki.y" in got and "KeyboardInterrupt" in got and "rank 0/2" in got, got
+
+
+def test_a_collective_in_a_signal_handler_inside_a_callers_cycle_fails_clearly(tmp_path):
+    got = run_local(checks.a_signal_handler_waits_inside_the_callers_cycle, 2,
+                    args=(str(tmp_path),), timeout=60)[0]
+    assert got.startswith("after ") and float(got.split()[1]) < 3.0, got  # no deadlock
+    assert "sh.barrier" in got and "signal handler" in got and "set a flag" in got, got
