@@ -120,7 +120,8 @@ def empty_for(buf: Buf, n: int):
         return buf.flat.new_empty(n)
     import cupy
 
-    return cupy.empty(n, dtype=buf.flat.dtype)
+    with cupy.cuda.Device(buf.flat.device.id):  # buf's device, whichever is current here
+        return cupy.empty(n, dtype=buf.flat.dtype)
 
 
 def _cuda_dtype(x) -> DType:

@@ -55,6 +55,7 @@ class Communicator:
         self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._pending: list = []
         self._lock = threading.Lock()
+        self._gpu_lock = threading.Lock()
 
     @classmethod
     def create(cls, store, rank: int, size: int, host: str, bind_addr: str, secret: bytes,
@@ -118,10 +119,13 @@ class Communicator:
         if buf.kind != "cuda":
             return self.backend
         if self._gpu is None:
-            from .backends.nccl import NcclBackend
+            with self._gpu_lock:  # two threads' first CUDA ops must not both bootstrap NCCL
+                if self._gpu is None:
+                    from .backends.nccl import NcclBackend
 
-            self._gpu = NcclBackend.create(self._store, self.backend.topology, self._prefix,
-                                           self.config, device=_device_of(buf.source))
+                    self._gpu = NcclBackend.create(self._store, self.backend.topology,
+                                                   self._prefix, self.config,
+                                                   device=_device_of(buf.source))
         return self._gpu
 
     @staticmethod

@@ -20,7 +20,7 @@ across NCCL 2.x, so this file needs no GPU library and is tested anywhere.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Optional, Tuple
 
 import numpy as np
 
@@ -28,7 +28,8 @@ from ..errors import CollectiveError, NotSupported, PeerLostError, describe
 from ..types import DType, ReduceOp
 
 __all__ = ["ReducePlan", "reduce_plan", "transfer_type", "version_text", "translate_nccl_error",
-           "encode_unique_id", "decode_unique_id", "round_bf16"]
+           "encode_unique_id", "decode_unique_id", "unique_id_forms", "status_of", "NCCL_RESULTS",
+           "round_bf16"]
 
 NCCL_INT8, NCCL_UINT8, NCCL_INT32, NCCL_UINT32 = 0, 1, 2, 3
 NCCL_INT64, NCCL_UINT64, NCCL_FLOAT16, NCCL_FLOAT32 = 4, 5, 6, 7
@@ -114,10 +115,37 @@ def encode_unique_id(uid) -> bytes:
 
 
 def decode_unique_id(data: bytes) -> tuple:
-    """128 bytes -> the tuple of signed chars cupy's NcclCommunicator takes."""
+    """128 bytes -> the tuple of signed chars CuPy < 14 takes (x86 builds)."""
     if len(data) != UNIQUE_ID_BYTES:
         raise ValueError(f"an NCCL unique id has {UNIQUE_ID_BYTES} bytes, got {len(data)}")
     return tuple(b - 256 if b > 127 else b for b in data)
+
+
+def unique_id_forms(data: bytes) -> list:
+    """The forms NcclCommunicator has taken for the 128 bytes, to try in order: bytes
+    (CuPy >= 14), signed chars (CuPy < 14 where char is signed: x86), unsigned chars
+    (CuPy < 14 where char is unsigned: ARM).  A wrong form fails with TypeError or
+    OverflowError before NCCL is called."""
+    signed = decode_unique_id(data)
+    return [bytes(data), signed, tuple(b & 0xFF for b in signed)]
+
+
+#: NCCL's result codes (nccl.h); CuPy < 13.4 knows only 0-5 and raises KeyError(code) for
+#: the others while it builds its NcclError.
+NCCL_RESULTS = {0: "ncclSuccess", 1: "ncclUnhandledCudaError", 2: "ncclSystemError",
+                3: "ncclInternalError", 4: "ncclInvalidArgument", 5: "ncclInvalidUsage",
+                6: "ncclRemoteError", 7: "ncclInProgress"}
+
+
+def status_of(exc, nccl) -> Optional[Tuple[int, str]]:
+    """(NCCL status, text) of an exception NCCL's Python binding raised, else None: its
+    NcclError, or the KeyError(status) an older CuPy raises for codes it does not know."""
+    if isinstance(exc, nccl.NcclError):
+        return int(getattr(exc, "status", -1)), str(exc)
+    if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], int):
+        code = exc.args[0]
+        return code, f"{NCCL_RESULTS.get(code, 'unknown NCCL result')} ({code})"
+    return None
 
 def round_bf16(xp, f32):
     """float32 -> bfloat16 bits, round to nearest even (as _mpi_types.f32_to_bf16, on any xp)."""

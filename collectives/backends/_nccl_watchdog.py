@@ -29,11 +29,15 @@ class Watchdog:
         abort: aborts the communicator (called once, from the watchdog thread).
         on_timeout: (op, seq, tensor, age) -> the exception to record.
         on_async_error: exc -> the exception to record.
+        done: event -> whether the GPU passed it; raises for an error on its stream (that
+            error is recorded and the communicator aborted).  Default: event.done.
     """
 
     def __init__(self, timeout: float, check_async: Callable[[], None], abort: Callable[[], None],
-                 on_timeout: Callable, on_async_error: Callable, poll: float = 0.05) -> None:
+                 on_timeout: Callable, on_async_error: Callable, poll: float = 0.05,
+                 done: Optional[Callable] = None) -> None:
         self.timeout, self.poll = timeout, poll
+        self._done = done or (lambda event: event.done)
         self._check_async, self._abort = check_async, abort
         self._on_timeout, self._on_async_error = on_timeout, on_async_error
         self._pending: collections.deque = collections.deque()
@@ -57,11 +61,18 @@ class Watchdog:
             if self.error is None:
                 self._check_once()
 
+    def _drop_done(self) -> None:
+        """(under the lock) Ops on different streams may finish out of order: drop every done one."""
+        self._pending = collections.deque(p for p in self._pending if not self._done(p[0]))
+
     def _check_once(self) -> None:
-        with self._lock:
-            # Ops on different streams may finish out of order: drop every done one.
-            self._pending = collections.deque(p for p in self._pending if not p[0].done)
-            oldest = self._pending[0] if self._pending else None
+        try:
+            with self._lock:
+                self._drop_done()
+                oldest = self._pending[0] if self._pending else None
+        except Exception as exc:  # noqa: BLE001 - an error on an op's stream
+            self._fail(exc)
+            return
         if oldest is None:
             return
         try:
@@ -88,10 +99,14 @@ class Watchdog:
         while time.monotonic() < deadline:
             if self.error is not None:
                 return False
-            with self._lock:
-                self._pending = collections.deque(p for p in self._pending if not p[0].done)
-                if not self._pending:
-                    return True
+            try:
+                with self._lock:
+                    self._drop_done()
+                    if not self._pending:
+                        return True
+            except Exception as exc:  # noqa: BLE001 - an error on an op's stream
+                self._fail(exc)
+                return False
             time.sleep(min(self.poll, 0.005))
         return False
 

@@ -41,6 +41,7 @@ from .base import Backend, Topology
 __all__ = ["NcclBackend", "available", "INSTALL_HINT"]
 
 _D2D = 3  # cudaMemcpyDeviceToDevice
+_CUDA_NOT_READY = 600  # cudaErrorNotReady: what an event query returns before the GPU gets there
 
 
 def available() -> Tuple[bool, str]:
@@ -77,7 +78,7 @@ class NcclBackend(Backend):
         from ._nccl_watchdog import Watchdog
 
         self._watchdog = Watchdog(config.timeout, comm.check_async_error, comm.abort,
-                                  self._timeout_error, self._async_error)
+                                  self._timeout_error, self._async_error, done=self._event_done)
 
     # -- construction ------------------------------------------------------
     @classmethod
@@ -101,8 +102,7 @@ class NcclBackend(Backend):
             version = int(nccl.get_version())
             uid = bootstrap(store, topology, prefix, identity,
                             lambda: T.encode_unique_id(nccl.get_unique_id()), config.connect_timeout)
-            comm = _init_comm(cupy, nccl, device, topology, T.decode_unique_id(uid),
-                              config.connect_timeout)
+            comm = _init_comm(cupy, nccl, device, topology, uid, config.connect_timeout)
         return cls(topology, comm, device, version, config, cupy, nccl)
 
     # -- streams and buffers -----------------------------------------------
@@ -159,9 +159,13 @@ class NcclBackend(Backend):
                     body()
                     event = self._cupy.cuda.Event(disable_timing=True)
                     event.record(self._cupy_stream(stream))
-            except nccl.NcclError as exc:
-                raise T.translate_nccl_error(exc.status, str(exc), rank=self.rank, size=self.size,
-                                             op=op, seq=self._seq, tensor=tensor) from exc
+            except (nccl.NcclError, KeyError) as exc:
+                status = T.status_of(exc, nccl)
+                if status is None:  # a KeyError of ours, not NCCL's
+                    raise
+                raise T.translate_nccl_error(status[0], status[1], rank=self.rank,
+                                             size=self.size, op=op, seq=self._seq,
+                                             tensor=tensor) from exc
             except RuntimeError as exc:  # CUDARuntimeError, or CuPy's "... not available in this version"
                 kind = NotSupported if "not available in this version" in str(exc) else CollectiveError
                 raise kind(describe(f"{type(exc).__name__}: {exc}", rank=self.rank, size=self.size,
@@ -186,8 +190,23 @@ class NcclBackend(Backend):
                                           hint="is every rank alive and calling the same collectives?"))
 
     def _async_error(self, exc) -> CollectiveError:
-        return T.translate_nccl_error(getattr(exc, "status", -1), str(exc), rank=self.rank,
-                                      size=self.size, op="nccl (asynchronous)")
+        status = T.status_of(exc, self._nccl) or (getattr(exc, "status", -1), str(exc))
+        return T.translate_nccl_error(status[0], status[1], rank=self.rank, size=self.size,
+                                      op="nccl (asynchronous)")
+
+    def _event_done(self, event) -> bool:
+        """Whether the GPU passed `event`; a CUDA error there (a sticky one: an illegal
+        address, say) raises instead of looking like an op that never finishes."""
+        status = int(self._cupy.cuda.runtime.eventQuery(event.ptr))
+        if status in (0, _CUDA_NOT_READY):
+            return status == 0
+        try:
+            text = self._cupy.cuda.runtime.getErrorString(status)
+        except Exception:  # noqa: BLE001 - the code alone still says it
+            text = "CUDA error"
+        raise CollectiveError(describe(f"CUDA error {status} ({text}) on the stream of an NCCL op",
+                                       rank=self.rank, size=self.size, op="nccl",
+                                       hint="CUDA errors are sticky: the process must restart"))
 
     def _run_plan(self, calls: Sequence[Call], s: DeviceBuffer, d: DeviceBuffer, ntype: int,
                   nop: int, stream: int) -> None:
@@ -369,26 +388,34 @@ class NcclBackend(Backend):
                 bits[...] = T.round_bf16(cupy, wide)
             else:
                 v = self._view(b, numpy_of_dtype(dtype), b.count)
-                cupy.multiply(v, v.dtype.type(factor), out=v)
+                # float16 scales by a float32 factor, as the CPU paths do (1/3 in float16 is 0.33325)
+                f = np.float32(factor) if v.dtype == np.float16 else v.dtype.type(factor)
+                cupy.multiply(v, f, out=v, casting="unsafe")
 
 
 def _tensor(dtype: Optional[DType], count: int) -> Optional[str]:
     return None if dtype is None else f"{DType(dtype).name.lower()}[{count}]"
 
 
-def _init_comm(cupy, nccl, device: int, topology: Topology, uid, timeout: float):
+def _init_comm(cupy, nccl, device: int, topology: Topology, uid: bytes, timeout: float):
     """ncclCommInitRank, bounded: a rank that never joins makes the others raise, not hang.
 
     The init runs in a daemon thread, since NCCL's blocking init has no timeout
     of its own; after `timeout` the caller gets a CollectiveTimeout and the
-    stuck thread is abandoned with the process, which is failing anyway.
+    stuck thread is abandoned with the process, which is failing anyway.  The
+    unique id goes in the first form this CuPy takes (T.unique_id_forms).
     """
     out: dict = {}
 
     def init():
         try:
             with cupy.cuda.Device(device):
-                out["comm"] = nccl.NcclCommunicator(topology.size, uid, topology.rank)
+                for form in T.unique_id_forms(uid):
+                    try:
+                        out["comm"] = nccl.NcclCommunicator(topology.size, form, topology.rank)
+                        return
+                    except (TypeError, OverflowError) as exc:  # not this CuPy's form
+                        out["error"] = exc
         except BaseException as exc:  # handed to the caller below
             out["error"] = exc
 
@@ -401,10 +428,11 @@ def _init_comm(cupy, nccl, device: int, topology: Topology, uid, timeout: float)
             op="nccl init", timeout=timeout,
             hint="did every rank reach NCCL init? (a rank that died or took another path; "
                  "NCCL_SOCKET_IFNAME, NCCL_DEBUG=INFO help between hosts)"))
+    if "comm" in out:
+        return out["comm"]
     exc = out.get("error")
-    if isinstance(exc, nccl.NcclError):
-        raise T.translate_nccl_error(exc.status, str(exc), rank=topology.rank,
+    status = T.status_of(exc, nccl)
+    if status is not None:
+        raise T.translate_nccl_error(status[0], status[1], rank=topology.rank,
                                      size=topology.size, op="nccl init") from exc
-    if exc is not None:
-        raise exc
-    return out["comm"]
+    raise exc

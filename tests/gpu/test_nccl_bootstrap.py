@@ -8,7 +8,7 @@ import pytest
 
 from collectives.backends._nccl_boot import bootstrap
 from collectives.backends.base import Topology
-from collectives.errors import CollectiveError, CollectiveTimeout
+from collectives.errors import CollectiveError, CollectiveTimeout, PeerLostError
 from collectives.store import InMemoryStore
 
 
@@ -114,8 +114,57 @@ def test_an_nccl_init_that_a_rank_never_joins_fails_within_the_connect_timeout()
     nccl = _StuckNccl()
     try:
         with pytest.raises(CollectiveTimeout) as info:
-            _init_comm(_Cupy, nccl, 0, Topology(rank=1, size=2, hosts=("a", "a")), (0,) * 128, 0.5)
+            _init_comm(_Cupy, nccl, 0, Topology(rank=1, size=2, hosts=("a", "a")), bytes(128), 0.5)
     finally:
         nccl.release.set()
     text = str(info.value)
     assert "ncclCommInitRank did not finish" in text and "rank 1/2" in text and "0.5" in text, text
+
+
+class _NcclTaking:
+    """The NcclCommunicator of a CuPy that takes one form of unique id (see _nccl_types.
+    unique_id_forms): bytes (CuPy 14), signed or unsigned chars (CuPy 13 on x86 / ARM)."""
+
+    class NcclError(Exception):
+        pass
+
+    def __init__(self, form: str, fail_with=None):
+        self.form, self.fail_with, self.got = form, fail_with, None
+        outer = self
+
+        class NcclCommunicator:
+            def __init__(self, ndev, uid, rank):
+                if isinstance(uid, bytes) != (outer.form == "bytes"):
+                    raise TypeError("Argument 'commId' has incorrect type")
+                if outer.form == "unsigned" and min(uid) < 0:
+                    raise OverflowError("can't convert negative value to unsigned char")
+                if outer.form == "signed" and max(uid) > 127:
+                    raise OverflowError("value too large to convert to char")
+                if outer.fail_with is not None:
+                    raise outer.fail_with
+                outer.got = uid
+
+        self.NcclCommunicator = NcclCommunicator
+
+
+UID = bytes((i * 37) % 256 for i in range(128))  # bytes above 127 too
+
+
+@pytest.mark.parametrize("form", ["bytes", "signed", "unsigned"])
+def test_the_unique_id_goes_in_the_form_this_cupy_takes(form):
+    from collectives.backends.nccl import _init_comm
+
+    nccl = _NcclTaking(form)
+    _init_comm(_Cupy, nccl, 0, Topology(rank=0, size=2, hosts=("a", "a")), UID, 5.0)
+    assert bytes(b & 0xFF for b in nccl.got) == UID
+
+
+def test_an_nccl_status_an_old_cupy_does_not_know_is_named_not_a_key_error():
+    """CuPy < 13.4 builds its NcclError from a table of statuses 0-5 and raises KeyError(6)
+    for ncclRemoteError, the status of a peer that died."""
+    from collectives.backends.nccl import _init_comm
+
+    nccl = _NcclTaking("bytes", fail_with=KeyError(6))
+    with pytest.raises(PeerLostError) as info:
+        _init_comm(_Cupy, nccl, 0, Topology(rank=1, size=2, hosts=("a", "a")), UID, 5.0)
+    assert "ncclRemoteError (6)" in str(info.value) and "rank 1/2" in str(info.value)

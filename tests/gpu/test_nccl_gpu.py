@@ -117,8 +117,8 @@ def test_torch_cuda_tensors_are_reduced_in_place_on_torchs_current_stream(backen
     x = torch.arange(1 << 20, dtype=torch.bfloat16, device="cuda") % 7
     want = (x.float() * 0.5).to(torch.bfloat16)
     side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())  # (outside: inside, current_stream() is side)
     with torch.cuda.stream(side):
-        side.wait_stream(torch.cuda.current_stream())
         backend.allreduce_tensor(x, x, DType.BFLOAT16, ReduceOp.SUM, postscale=0.5)
     side.synchronize()
     assert torch.equal(x, want)

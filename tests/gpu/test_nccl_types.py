@@ -99,3 +99,23 @@ def test_round_bf16_on_numpy_matches_torch():
     ours = T.round_bf16(np, values)
     theirs = torch.from_numpy(values).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
     assert np.array_equal(ours, theirs)
+
+
+def test_the_unique_id_forms_are_bytes_then_signed_then_unsigned_chars():
+    data = bytes((i * 37) % 256 for i in range(128))
+    raw, signed, unsigned = T.unique_id_forms(data)
+    assert raw == data and isinstance(raw, bytes)
+    assert min(signed) < 0 and max(signed) <= 127 and bytes(b & 0xFF for b in signed) == data
+    assert min(unsigned) >= 0 and bytes(unsigned) == data
+
+
+def test_the_status_of_an_nccl_error_and_of_an_old_cupys_key_error():
+    class nccl:  # noqa: N801 - the shape of cupy.cuda.nccl
+        class NcclError(Exception):
+            status = 5
+
+    assert T.status_of(nccl.NcclError("NCCL_ERROR_INVALID_USAGE: bad"), nccl) == \
+        (5, "NCCL_ERROR_INVALID_USAGE: bad")
+    assert T.status_of(KeyError(6), nccl) == (6, "ncclRemoteError (6)")
+    assert T.status_of(KeyError("a key of ours"), nccl) is None
+    assert T.status_of(ValueError(), nccl) is None

@@ -5,7 +5,7 @@ import threading
 import time
 
 from collectives.backends._nccl_watchdog import Watchdog
-from collectives.errors import CollectiveTimeout, PeerLostError
+from collectives.errors import CollectiveError, CollectiveTimeout, PeerLostError
 
 
 class _Event:
@@ -79,4 +79,21 @@ def test_wait_idle_waits_for_ops_that_finish_later():
     dog.track(ev, "barrier", 1, None)
     threading.Timer(0.2, ev.finish).start()
     assert dog.wait_idle(5.0)
+    dog.close()
+
+
+def test_a_cuda_error_on_an_ops_stream_is_recorded_at_once_not_a_timeout_later():
+    """An event query that reports a CUDA error (sticky: the events never complete)."""
+    aborted = threading.Event()
+
+    def done(event):
+        raise CollectiveError("CUDA error 700 (an illegal memory access) on the stream")
+
+    dog = Watchdog(60, lambda: None, aborted.set,
+                   lambda op, seq, tensor, age: CollectiveTimeout("stuck"), lambda exc: exc,
+                   poll=0.02, done=done)
+    dog.track(_Event(), "allreduce", 3, "float32[8]")
+    assert _wait_for(aborted.is_set), "the communicator was not aborted"
+    assert "CUDA error 700" in str(dog.error) and not isinstance(dog.error, CollectiveTimeout)
+    assert dog.wait_idle(1.0) is False
     dog.close()
