@@ -24,6 +24,7 @@ class RankEnv:
     store_addr: str
     secret: bytes
     job: str
+    gpu_ordinal: Optional[int] = None  # the CUDA ordinal of this rank's own GPU, where assigned
 
     def __repr__(self) -> str:  # never print the secret
         return (f"RankEnv(rank={self.rank}, size={self.size}, local_rank={self.local_rank}, "
@@ -40,7 +41,9 @@ class RankEnv:
                        cross_rank=int(env["HVS_CROSS_RANK"]), cross_size=int(env["HVS_CROSS_SIZE"]),
                        host=env["HVS_HOST"], bind_addr=env.get("HVS_BIND_ADDR", "127.0.0.1"),
                        store_addr=env["HVS_STORE_ADDR"], secret=bytes.fromhex(env["HVS_SECRET"]),
-                       job=env["HVS_JOB"])
+                       job=env["HVS_JOB"],
+                       gpu_ordinal=int(env["HVS_GPU_ORDINAL"]) if env.get("HVS_GPU_ORDINAL")
+                       else None)
         except (KeyError, ValueError) as exc:
             raise ValueError(f"incomplete rank environment ({exc}); a launcher sets every HVS_* "
                              "variable of docs/architecture.md") from None
@@ -55,4 +58,5 @@ class RankEnv:
             "HOROVOD_RANK": str(self.rank), "HOROVOD_SIZE": str(self.size),
             "HOROVOD_LOCAL_RANK": str(self.local_rank), "HOROVOD_LOCAL_SIZE": str(self.local_size),
             "HOROVOD_CROSS_RANK": str(self.cross_rank), "HOROVOD_CROSS_SIZE": str(self.cross_size),
+            **({"HVS_GPU_ORDINAL": str(self.gpu_ordinal)} if self.gpu_ordinal is not None else {}),
         }

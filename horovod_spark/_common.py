@@ -23,8 +23,18 @@ from typing import Callable, Optional
 import collectives
 from collectives.fusion import FusionEngine
 
-__all__ = ["HorovodState", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built",
+__all__ = ["HorovodState", "gpu_ordinal", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built",
            "ddl_built", "ccl_built"]
+
+
+def gpu_ordinal() -> "Optional[int]":
+    """The CUDA ordinal of this rank's own GPU where the Spark task assigned one (the task
+    makes every GPU of the ranks on its host visible, in local-rank order), else None.
+    The adapters' init() makes it the framework's current device."""
+    from collectives._rankenv import RankEnv
+
+    renv = RankEnv.from_environ()
+    return None if renv is None else renv.gpu_ordinal
 
 
 def _state_of(module: str) -> "HorovodState":

@@ -10,8 +10,15 @@ ranks share go to rank 0's task store, found in one `allGather` round.
 
 Placement comes from `BarrierTaskContext.getTaskInfos()`: a rank's host is the
 host part of its task's address; local rank is its order among the ranks on
-that host.  `CUDA_VISIBLE_DEVICES` is the task's GPU addresses from
-`TaskContext.resources()`.
+that host.  GPUs: the tasks of a host publish their Spark-assigned GPU
+(`TaskContext.resources()`) in the job store, and each rank process gets
+`CUDA_VISIBLE_DEVICES` = the first GPU of every rank on its host, in local-rank
+order (and `CUDA_DEVICE_ORDER=PCI_BUS_ID`, the order discovery scripts number
+GPUs in).  So CUDA ordinal `hvd.local_rank()` is the rank's own GPU, and
+Horovod's `torch.cuda.set_device(hvd.local_rank())` and
+`tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")` work as they
+are; no GPU of another job is visible.  Where the addresses repeat (executors
+in containers that each number their own GPUs from 0) a rank sees only its own.
 
 The child dies with the task: PR_SET_PDEATHSIG (Spark SIGKILLs the worker of
 a killed task), the driver's abort frame on the log channel, and a SIGKILL of
@@ -60,6 +67,10 @@ class TaskSpec:
     job_store: Optional[str] = None  # host:port of the driver's job store (None: allGather)
 
 
+#: Seconds a GPU task waits for the other tasks of its host to publish their GPUs.
+GPU_EXCHANGE_TIMEOUT = 120.0
+
+
 class RankFailure(RuntimeError):
     """The task's rank failed; the text ends with a machine-readable failure record."""
 
@@ -94,7 +105,8 @@ def _python_path() -> str:
     return os.pathsep.join(dict.fromkeys(keep))
 
 
-def child_env(spec: TaskSpec, renv, gpus) -> dict:
+def child_env(spec: TaskSpec, renv, gpus: Optional[Tuple[list, int]]) -> dict:
+    """The rank process's environment; gpus: (the GPUs it sees, the ordinal of its own)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON_WORKER_FACTORY")}
     env.update(dict(spec.env))
     env.update(renv.to_environ())
@@ -102,8 +114,26 @@ def child_env(spec: TaskSpec, renv, gpus) -> dict:
     env["PYTHONUNBUFFERED"] = "1"
     env["HVS_LOG_CALLBACK"] = "1"
     if gpus is not None:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus.addresses)
+        visible, ordinal = gpus
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(visible)
+        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+        env["HVS_GPU_ORDINAL"] = str(ordinal)  # hvd.init() makes it the current device
     return env
+
+
+def host_gpus(store, job: str, rank: int, hosts: list, mine: list,
+              timeout: float) -> Tuple[list, int]:
+    """(the first GPU of every rank on this rank's host in local-rank order, this rank's
+    ordinal among them), exchanged through the job store (see the module docstring); only
+    this task's GPUs, ordinal 0, where the names repeat."""
+    key = f"{job}/gpus/"
+    store.set(key + str(rank), ",".join(mine).encode())
+    local = [q for q, h in enumerate(hosts) if h == hosts[rank]]
+    firsts = [mine[0] if r == rank else store.get(key + str(r), timeout).decode().split(",")[0]
+              for r in local]
+    if len(set(firsts)) != len(firsts):
+        return list(mine), 0
+    return firsts, local.index(rank)
 
 
 def _status(blob: bytes) -> Optional[str]:
@@ -124,7 +154,7 @@ class RankProcess:
         from ._spark_store import SparkStore
 
         self.spec, self.ctx, self.rank = spec, ctx, ctx.partitionId()
-        hosts = task_hosts(ctx)
+        self.hosts = hosts = task_hosts(ctx)
         self.size = len(hosts)
         self.aborted = False
         self.tail: collections.deque = collections.deque(maxlen=TAIL)
@@ -147,7 +177,11 @@ class RankProcess:
         self.server.set(f"{self.spec.job}/fn", self.spec.payload)
         gpus = self.ctx.resources().get("gpu")
         executable = self.spec.executable or sys.executable
-        self.env = env = child_env(self.spec, self.renv, gpus)
+        visible = None
+        if gpus is not None:
+            visible = host_gpus(self.server, self.spec.job, self.rank, self.hosts,
+                                list(gpus.addresses), GPU_EXCHANGE_TIMEOUT)
+        self.env = env = child_env(self.spec, self.renv, visible)
         self.warm = self.warm and gpus is None and _warm.enabled(env)
         if self.warm:
             env["HVS_WARM_REPORT"] = ",".join(_warm.REPORT)

@@ -1,8 +1,8 @@
 """Process-global state of `horovod_spark.tensorflow`: Horovod's basics over one HorovodState.
 
 See `horovod_spark._common` for what init() and shutdown() do; every op of
-this package goes through the state's fusion engine.  Nothing here imports
-a framework.
+this package goes through the state's fusion engine.  init() imports
+TensorFlow only on a rank with an assigned GPU, to pin it.
 """
 from __future__ import annotations
 
@@ -12,7 +12,28 @@ __all__ = ["init", "shutdown", "is_initialized", "communicator", "engine", "rank
            "local_rank", "local_size", "cross_rank", "cross_size", "is_homogeneous",
            "start_timeline", "stop_timeline"]
 
-STATE = HorovodState("horovod_spark.tensorflow", __name__)
+
+def _pin_gpu() -> None:
+    """On a Spark task's GPU, show TensorFlow that one GPU (what Horovod scripts do with
+    tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU"), which still works), so a
+    rank does not take memory on its host neighbours' GPUs.  TensorFlow refuses once it
+    has initialized its devices: then the script's own call decides."""
+    from .._common import gpu_ordinal
+
+    ordinal = gpu_ordinal()
+    if ordinal is None:
+        return
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if ordinal < len(gpus):
+        try:
+            tf.config.set_visible_devices(gpus[ordinal], "GPU")
+        except RuntimeError:  # devices already initialized
+            pass
+
+
+STATE = HorovodState("horovod_spark.tensorflow", __name__, on_init=_pin_gpu)
 
 init, shutdown, is_initialized = STATE.init, STATE.shutdown, STATE.is_initialized
 communicator, engine = STATE.communicator, STATE.engine

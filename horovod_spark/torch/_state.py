@@ -27,6 +27,21 @@ _steps = {"steps": 0, "step_time_s": 0.0, "last_step_time_s": 0.0, "sync_wait_s"
 def _on_init() -> None:
     _counters.clear()
     _reset_steps()
+    _pin_gpu()
+
+
+def _pin_gpu() -> None:
+    """On a Spark task's GPU, make it torch's current device (what Horovod scripts do with
+    torch.cuda.set_device(hvd.local_rank()): that line still works, and is now optional)."""
+    from .._common import gpu_ordinal
+
+    ordinal = gpu_ordinal()
+    if ordinal is None:
+        return
+    import torch
+
+    if torch.cuda.is_available() and ordinal < torch.cuda.device_count():
+        torch.cuda.set_device(ordinal)
 
 
 STATE = HorovodState("horovod_spark.torch", __name__, on_init=_on_init)

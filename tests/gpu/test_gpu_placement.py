@@ -129,3 +129,44 @@ except collectives.NotSupported as exc:
     assert "REFUSED backend nccl is not available: CuPy is not installed" in proc.stdout, \
         proc.stdout + proc.stderr
     assert "pip install cupy-cuda12x" in proc.stdout
+
+
+def _exchange(hosts, assigned, timeout=10.0):
+    """Every task's host_gpus, each task on its own thread, over one store."""
+    import threading
+
+    from collectives.store import InMemoryStore
+    from horovod_spark._task import host_gpus
+
+    store, out = InMemoryStore(), {}
+
+    def task(rank):
+        try:
+            out[rank] = host_gpus(store, "job", rank, hosts, assigned[rank], timeout)
+        except Exception as exc:  # noqa: BLE001 - the test reads it
+            out[rank] = exc
+
+    threads = [threading.Thread(target=task, args=(r,)) for r in range(len(hosts)) if assigned[r]]
+    for t in reversed(threads):  # publication order must not matter
+        t.start()
+    for t in threads:
+        t.join(timeout + 5)
+    return out
+
+
+def test_the_ranks_of_a_host_see_its_gpus_in_local_rank_order_each_its_own_at_its_local_rank():
+    out = _exchange(["a", "b", "a", "a"], [["5"], ["0"], ["2"], ["7", "8"]])
+    assert out[0] == (["5", "2", "7"], 0) and out[2] == (["5", "2", "7"], 1)
+    assert out[3] == (["5", "2", "7"], 2)  # a task's first GPU is the one it uses
+    assert out[1] == (["0"], 0)  # alone on host b
+
+
+def test_gpu_names_that_repeat_on_a_host_leave_each_rank_only_its_own():
+    """Executors in containers each number their own GPUs from 0."""
+    out = _exchange(["a", "a"], [["0"], ["0"]])
+    assert out == {0: (["0"], 0), 1: (["0"], 0)}
+
+
+def test_a_host_neighbour_that_never_publishes_fails_the_exchange_within_its_timeout():
+    out = _exchange(["a", "a"], [["0"], []], timeout=0.5)
+    assert isinstance(out[0], Exception) and "job/gpus/1" in str(out[0]), out

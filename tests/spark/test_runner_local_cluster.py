@@ -29,14 +29,21 @@ def spark(tmp_path_factory):
     stop_session(session, conf)
 
 
-def test_each_rank_sees_its_own_gpu_in_cuda_visible_devices(spark):
+def test_each_rank_sees_its_hosts_gpus_in_local_rank_order_with_its_own_at_local_rank(spark):
+    """Horovod's torch.cuda.set_device(hvd.local_rank()) lands on the rank's own GPU."""
     def devices():
         import os
-        return os.environ["CUDA_VISIBLE_DEVICES"], os.getppid()
+        return (os.environ["CUDA_VISIBLE_DEVICES"], int(os.environ["HVS_GPU_ORDINAL"]),
+                int(os.environ["HOROVOD_LOCAL_RANK"]), os.environ["CUDA_DEVICE_ORDER"],
+                os.getppid())
 
-    (gpu0, task0), (gpu1, task1) = horovod_spark.run(devices, num_proc=2)
-    assert sorted([gpu0, gpu1]) == ["0", "1"]
-    assert task0 != task1  # two tasks, one per executor
+    (vis0, ord0, lr0, order, task0), (vis1, ord1, lr1, _, task1) = \
+        horovod_spark.run(devices, num_proc=2)
+    assert task0 != task1  # two tasks, one per executor, on this one host
+    assert vis0 == vis1 and sorted(vis0.split(",")) == ["0", "1"]
+    assert (ord0, ord1) == (lr0, lr1) == (0, 1)
+    own = [vis0.split(",")[ord0], vis1.split(",")[ord1]]
+    assert sorted(own) == ["0", "1"] and order == "PCI_BUS_ID"  # a GPU each, none shared
 
 
 def test_ranks_on_two_executors_allreduce_like_numpy(spark):
