@@ -22,16 +22,18 @@ gather before it coordinates; a rank that holds pending work cycles every
 cycle time, counted from the end of the last coordination so the ranks stay
 in step.
 
-*Caller-driven cycles.*  A caller that waits on a handle has nothing more to
-submit for now, so it need not hand the cycle to the engine's thread and wait
-to be woken: if no cycle is running, it runs the cycles itself, on its own
-thread, until its handle is done (the engine's thread and every driver take
-one cycle lock, so cycles stay serial and in one order on each rank).  That
-saves two thread wake-ups per synchronous op, which in a training step cost
-more than the cycle itself.  `submit(..., lazy=True)` does not wake the
-engine's thread at all, for callers that wait at once.  A wait with a
-timeout, or once CUDA tensors are in use (their ops run on the engine
-thread's stream), hands the cycle to the engine's thread as before.
+*Caller-driven cycles.*  A synchronous op (`submit(..., lazy=True)`, then
+`wait()`) leaves the engine's thread asleep: its caller has nothing more to
+submit for now, so it runs the cycles itself, on its own thread, while no
+other cycle runs, until its handle is done (the engine's thread and every
+driver take one cycle lock, so cycles stay serial and in one order on each
+rank).  That saves two thread wake-ups per op, which in a training step cost
+more than the cycle itself.  Asynchronous submissions wake the engine's
+thread, which runs their cycles while the caller goes on (overlap), and a
+wait on them only kicks it: two agents taking turns at the cycles cost more
+than either.  A wait with a timeout, and everything once CUDA tensors are in
+use (their ops run on the engine thread's stream), also stay with the
+engine's thread.
 
 Failure: an exception in a cycle, on the engine's thread or a caller's (a
 lost peer, a timeout), fails every pending handle with that cause; later
@@ -106,6 +108,7 @@ class FusionEngine:
         self._cycle_no, self._synced = 0, time.perf_counter()
         self._cycle_lock = threading.Lock()  # one cycle at a time: the thread's or a driver's
         self._cycle_owner: Optional[int] = None  # the thread ident of a driving caller
+        self._drivers = 0  # callers inside _drive: the engine's thread leaves the cycles to them
         self._drivable = True  # False once a CUDA tensor is submitted
         self._stall = StallWatch(comm, self._config, self.rank, self.size)
         self._thread = threading.Thread(target=self._run, name=f"fusion-engine-r{self.rank}",
@@ -122,7 +125,7 @@ class FusionEngine:
         out: None (a new result), `buffer` itself (in place) or another tensor of its shape.
         dtype: the logical DType of a numpy buffer whose storage dtype differs (bfloat16).
         lazy: the caller waits on the handle right away (after its other submissions):
-            leave the engine's thread asleep, the wait will run the cycle.
+            leave the engine's thread asleep, the wait runs the cycle on its thread.
 
         Raises:
             ValueError, TypeError: invalid arguments, or `name` is already pending.
@@ -142,7 +145,9 @@ class FusionEngine:
                                  "name is already pending; wait for it or use another name")
             self._live[name] = req
             self._queue.append(req)
-        if not lazy and not self._wake.is_set():  # set() takes a lock and notifies: skip it in a burst
+        if lazy:
+            req.handle.lazy = True
+        elif not self._wake.is_set():  # set() takes a lock and notifies: skip it in a burst
             self._wake.set()
         return req.handle
 
@@ -225,7 +230,7 @@ class FusionEngine:
                 "cycle, which can't end before it (a signal handler that runs a collective?)",
                 rank=self.rank, size=self.size, op=handle.kind,
                 hint="in a signal handler, set a flag and run the collective from the loop"))
-        if timeout is None and self._drivable:
+        if timeout is None and handle.lazy and self._drivable:
             self._drive(handle)
         if not handle._done:
             self._wake.set()
@@ -233,6 +238,17 @@ class FusionEngine:
 
     def _drive(self, handle) -> None:
         """Cycle on this thread until `handle` is done, while no other cycle runs."""
+        with self._lock:
+            self._drivers += 1
+        try:
+            self._drive_cycles(handle)
+        finally:
+            with self._lock:
+                self._drivers -= 1
+            if self._queue or self._pending:  # others' work is left: the thread takes over
+                self._kick.set()
+
+    def _drive_cycles(self, handle) -> None:
         while not handle._done:
             with _CallerCycle(self) as cycle:
                 if not cycle.entered:
@@ -256,11 +272,13 @@ class FusionEngine:
                 with self._cycle_lock:
                     if self._stopped is not None:
                         break
-                    if not self._due(kicked):
-                        continue  # a caller ran the cycle that woke us, or one just now
-                    cpu = time.thread_time()
-                    self._guarded_cycle()
-                    self._metrics["thread_cpu_s"] += time.thread_time() - cpu
+                    due = self._due(kicked)
+                    if due:
+                        cpu = time.thread_time()
+                        self._guarded_cycle()
+                        self._metrics["thread_cpu_s"] += time.thread_time() - cpu
+                if not due and self._drivers:
+                    self._kick.wait(IDLE_S)  # until a driver hands over (or a waiter kicks)
         finally:
             self.stop_timeline()
 
@@ -276,9 +294,12 @@ class FusionEngine:
                 raise
 
     def _due(self, kicked: bool) -> bool:
-        """Whether the engine's thread should cycle now: new work; pending work a cycle
-        time after the last cycle (a caller's counts: two agents must not double the
-        ranks' cycle rate) or sooner for a waiter; or a heartbeat, IDLE_S without a cycle."""
+        """Whether the engine's thread should cycle now: not while a caller drives; new
+        work; pending work a cycle time after the last cycle (a caller's counts: two
+        agents must not double the ranks' cycle rate) or sooner for a waiter; or a
+        heartbeat, IDLE_S without a cycle."""
+        if self._drivers:
+            return False  # a waiting caller cycles (and so heartbeats) meanwhile
         if self._queue or self._joined or self._shutdown_requested:
             return True
         since = time.perf_counter() - self._synced

@@ -19,7 +19,7 @@ __all__ = ["Handle"]
 
 class Handle:
     __slots__ = ("name", "kind", "_rank", "_size", "_sig", "_kick", "_lock", "_done", "_result",
-                 "_error")
+                 "_error", "lazy")
 
     def __init__(self, name: str, kind: str, rank: int, size: int, sig=None, kick=None) -> None:
         self.name, self.kind = name, kind
@@ -29,6 +29,7 @@ class Handle:
         self._done = False
         self._result: Any = None
         self._error: Optional[BaseException] = None
+        self.lazy = False  # submitted lazily: its first waiter may run the engine's cycle
 
     def poll(self) -> bool:
         """True once the op has finished (successfully or not); wait() then never blocks."""
