@@ -2,8 +2,8 @@
 
 World size 1 runs on any one-GPU machine (NCCL still runs its kernels, and
 every code path here, widening, scaling, grouped calls, errors, runs);
-tests/gpu/_gpu_world.py runs the same checks across ranks where there are
-two or more GPUs.  Skipped with the reason where CuPy, NCCL or a GPU is missing.
+tests/gpu/_gpu_world.py runs the same checks across two ranks: one GPU each
+where there are two, else both on GPU 0 as two NCCL hosts (_shared_gpu.py).  Skipped with the reason where CuPy, NCCL or a GPU is missing.
 """
 from __future__ import annotations
 
@@ -165,26 +165,30 @@ def test_barrier_and_synchronize_return_once_the_gpu_is_done(backend):
     backend.synchronize(timeout=30)
 
 
-def test_every_op_matches_numpy_across_ranks_on_two_gpus():
+def _ranks_command(script: str, n: int, *args: str) -> list:
+    """n ranks of script: one GPU each where there are n GPUs, else all on GPU 0, each its
+    own NCCL host (tests/gpu/_shared_gpu.py)."""
     import cupy
 
-    if cupy.cuda.runtime.getDeviceCount() < 2:
-        pytest.skip("needs two GPUs (one rank per GPU); this machine has one")
-    proc = subprocess.run([sys.executable, "-m", "collectives.launch", "-n", "2",
-                           os.path.join(HERE, "_gpu_world.py")], capture_output=True, text=True,
-                          timeout=300)
+    launch = [sys.executable, "-m", "collectives.launch", "-n", str(n)]
+    if cupy.cuda.runtime.getDeviceCount() >= n:
+        return launch + [script, *args]
+    hosts = ",".join(f"gpu-host-{r}" for r in range(n))
+    return launch + ["--hosts", hosts, os.path.join(HERE, "_shared_gpu.py"), script, *args]
+
+
+def test_every_op_matches_numpy_across_two_ranks():
+    proc = subprocess.run(_ranks_command(os.path.join(HERE, "_gpu_world.py"), 2),
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
     assert proc.stdout.count("GPU WORLD OK") == 2, proc.stdout[-6000:]
 
 
 @requires_torch_cuda
-def test_a_cnn_trains_on_cuda_with_distributed_optimizer_like_one_full_batch_process():
-    import cupy
-
-    n = min(cupy.cuda.runtime.getDeviceCount(), 2)
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_cnn_trains_on_cuda_with_distributed_optimizer_like_one_full_batch_process(n):
     script = os.path.join(HERE, "_gpu_cnn.py")
-    cmd = [sys.executable, script] if n == 1 else \
-        [sys.executable, "-m", "collectives.launch", "-n", str(n), script]
+    cmd = [sys.executable, script] if n == 1 else _ranks_command(script, n)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
     assert proc.stdout.count("GPU CNN OK") == n, proc.stdout[-6000:]
