@@ -16,6 +16,9 @@ Part 2, a ResNet-50 gradient set (161 tensors, 25.6 M float32, ~97.5 MiB), summe
   torch buckets    DDP-style 25 MiB buckets: flatten, all_reduce, copy back
   hvd fused        allreduce_async_ per tensor, then synchronize (our fusion engine)
   comm flat        Communicator.allreduce of the flat buffer
+Part 3, a training step of a model with ResNet-50's parameters (zero_grad, backward,
+SGD step): torch alone, DDP, hvd.DistributedOptimizer (bucket views; default runs,
+and one bucket).
 Times are medians over reps of the mean over `iters` calls, each rep ending in
 torch.cuda.synchronize(), the slowest rank's; sides take turns rep by rep.
 algbw = bytes / time; busbw = algbw * 2(n-1)/n (nccl-tests), which is 0 for one
@@ -165,6 +168,46 @@ class Bench:
                 **self.measure(sides, 5)}
 
 
+    def training(self) -> dict:
+        """One training step of a model with ResNet-50's parameters (forward and backward
+        cost almost nothing, so the step is the gradients' reduction and SGD's update):
+        plain torch on one GPU (the floor), DDP, and hvd.DistributedOptimizer."""
+        torch, hvd = self.torch, self.hvd
+
+        class Params(torch.nn.Module):
+            def __init__(self, dev):
+                super().__init__()
+                self.ps = torch.nn.ParameterList(torch.nn.Parameter(torch.zeros(s, device=dev))
+                                                 for s in resnet50_shapes())
+
+            def forward(self):
+                return sum(p.sum() for p in self.ps)
+
+        def stepper(model, opt):
+            def step():
+                opt.zero_grad()
+                model().backward()
+                opt.step()
+            return step
+
+        def sgd(model):
+            return torch.optim.SGD(model.parameters(), lr=0.0)
+
+        local = Params(self.dev)
+        ddp_model = torch.nn.parallel.DistributedDataParallel(Params(self.dev),
+                                                              device_ids=[self.dev.index])
+        ours, ours1 = Params(self.dev), Params(self.dev)
+        sides = {
+            "torch local": stepper(local, sgd(local)),
+            "torch DDP": stepper(ddp_model, sgd(ddp_model)),
+            "hvd optimizer": stepper(ours, hvd.DistributedOptimizer(
+                sgd(ours), named_parameters=ours.named_parameters())),
+            "hvd one bucket": stepper(ours1, hvd.DistributedOptimizer(
+                sgd(ours1), named_parameters=ours1.named_parameters(), num_groups=1)),
+        }
+        return self.measure(sides, 5)
+
+
 def _buckets(tensors, limit: int) -> list:
     out, cur, size = [], [], 0
     for t in reversed(tensors):  # gradients arrive last layer first
@@ -195,7 +238,7 @@ def _mode(size: int) -> str:
     return f"{size} ranks, one GPU each"
 
 
-def _report(rows: list, resnet: dict, size: int) -> str:
+def _report(rows: list, resnet: dict, training: dict, size: int) -> str:
     bus = 2 * (size - 1) / size
     lines = [f"# allreduce SUM float32 in place, {_mode(size)}; time us, algbw/busbw GB/s; "
              "ratio = ours / torch; +us = ours - torch",
@@ -217,18 +260,22 @@ def _report(rows: list, resnet: dict, size: int) -> str:
         lines.append(f"{k:>17} {resnet[k] * 1e3:>9.3f} ms  {resnet['bytes'] / resnet[k] / 1e9:>7.2f} GB/s"
                      f"  overhead {100 * (resnet[k] / floor - 1):+6.1f}%"
                      f"  {(resnet[k] - floor) * 1e6:+9.1f} us")
+    lines.append("\n# a training step (zero_grad, backward, SGD step) of a model with ResNet-50's "
+                 "parameters; vs DDP")
+    for k, t in training.items():
+        lines.append(f"{k:>17} {t * 1e3:>9.3f} ms  / DDP {t / training['torch DDP']:6.3f}")
     return "\n".join(lines)
 
 
 def _child(args) -> int:
     b = Bench(args)
-    rows, resnet = b.sizes(), b.resnet()
+    rows, resnet, training = b.sizes(), b.resnet(), b.training()
     if b.rank == 0:
-        text = _report(rows, resnet, b.size)
+        text = _report(rows, resnet, training, b.size)
         print(text, flush=True)
         blob = {"benchmark": "gpu", "ranks": b.size, "device": b.torch.cuda.get_device_name(),
                 "nccl": _nccl_version(b.torch), "allreduce": rows,
-                "resnet50": resnet}
+                "resnet50": resnet, "training_step": training}
         paths = [args.json] + ([os.path.join(os.environ["OUT"], os.path.basename(args.json))]
                                if os.environ.get("OUT") else [])
         blob["mode"] = _mode(b.size)

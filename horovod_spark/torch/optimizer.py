@@ -1,24 +1,31 @@
 """DistributedOptimizer: allreduce gradients while backward is still running.
 
-A hook on every parameter (`register_post_accumulate_grad_hook`) fires as
-soon as autograd has accumulated that parameter's gradient and submits its
-allreduce to the fusion engine, so communication of the last layers overlaps
-the backward pass of the first.  With `backward_passes_per_step` = k, a
-parameter's gradient accumulates locally for k backward passes (its *delay*
-counts down) and is submitted on the k-th.  With `num_groups` / `groups`, a
-parameter that is ready waits for the rest of its group, which is then
-submitted at once (one fused buffer, like a DDP bucket).
+The gradients live in *buckets* (see _buckets): every gradient is a view of a
+flat buffer per run of parameters, dtype and device, so one in-place
+allreduce per bucket averages them, with nothing packed or unpacked.  A hook
+on every parameter (`register_post_accumulate_grad_hook`) fires as soon as
+autograd has accumulated that parameter's gradient; once every member of a
+bucket has fired, the bucket's allreduce goes to the fusion engine, so the
+communication of the last layers overlaps the backward pass of the first.
+With `backward_passes_per_step` = k, a parameter's gradient accumulates
+locally for k backward passes (its *delay* counts down) and counts as ready on
+the k-th.  A parameter that can't be a view (not contiguous) goes alone, as
+soon as it is ready.
 
-By default (`num_groups=None`) the optimizer decides: gradients on CPU ranks
-that have no spare core (local ranks x torch threads >= the cores this process
-may use) go as one group at the end of backward, because there the engine's
-thread can only run on a core that backward needs, and overlap costs more than
-it hides (benchmarks/training.py: scaling efficiency 0.84 overlapped, 0.94
-grouped, 2 ranks on 2 cores); anywhere else each gradient goes as soon as it
-is ready.  `num_groups=0` asks for overlap explicitly.  `step()` first calls
-`synchronize()`: it submits what never got a hook call (a parameter unused
-this step is reduced as zeros, so every rank submits the same names), waits
-for every handle and writes the averaged gradients back.
+The runs: `num_groups=k` cuts the parameters into k runs in order, `groups`
+names them; `num_groups=0` asks for overlap: runs in reverse order (autograd
+finishes the last layers first), the first about 1 MiB so that the first
+allreduce starts early, the others about 25 MiB (DDP's sizes).  By default
+(`num_groups=None`) the optimizer decides: gradients on CPU ranks that have no
+spare core (local ranks x torch threads >= the cores this process may use) go
+as one run at the end of backward, because there the engine's thread can only
+run on a core that backward needs, and overlap costs more than it hides
+(benchmarks/training.py); anywhere else, overlap.  `step()` first calls
+`synchronize()`: it submits what no hook did (a parameter unused this step is
+reduced as zeros, so every rank submits the same names) and waits for every
+handle.  `zero_grad()` zeroes each bucket in one kernel and leaves the
+gradients as views (zeros, not None), so the next backward accumulates into
+the buckets without a copy.
 
 The returned object is an instance of a subclass of the wrapped optimizer's
 class that shares its state, so `isinstance(opt, torch.optim.SGD)` holds and
@@ -38,6 +45,7 @@ from collectives.errors import NotSupported
 
 from . import _state
 from . import mpi_ops as M
+from ._buckets import make_buckets, overlap_runs
 from .compression import Compression
 
 __all__ = ["DistributedOptimizer"]
@@ -52,14 +60,17 @@ class _DistributedOptimizer:
         self.backward_passes_per_step = int(backward_passes_per_step)
         params = [p for group in self.param_groups for p in group["params"]]
         self._parameter_names = _parameter_names(named_parameters, params)
-        self._requires_update = [p for p in params if p.requires_grad]
+        self._requires_update = list(dict.fromkeys(p for p in params if p.requires_grad))
         self._delay = {p: self.backward_passes_per_step for p in params}
-        self._group_of = _group_of(groups, self._requires_update)
-        # one group: it is submitted at the end of backward and waited for in step(), with
+        runs = _runs(groups, self._requires_update)
+        self._overlap = not groups  # runs cut by size, submitted as they fill during backward
+        self._buckets, self._bucket_of, self._loose = make_buckets(runs, self._parameter_names)
+        self._bucket_keys = set(self._buckets)
+        # one run: it is submitted at the end of backward and waited for in step(), with
         # nothing to overlap in between, so it goes lazily (the wait runs its cycle)
-        self._one_group = len(set(self._group_of.values())) == 1
-        self._ready: set = set()  # delay reached 0 this step
-        self._handles: dict = {}
+        self._one_group = len(runs) == 1
+        self._ready: set = set()  # loose parameters whose delay reached 0 this step
+        self._handles: dict = {}  # bucket or loose parameter -> (handle, ctx); None: not yet
         self._synchronized = False
         self._should_synchronize = True
         self._last_wait = 0.0
@@ -78,52 +89,70 @@ class _DistributedOptimizer:
             self = ref()
             if self is None:
                 return
-            if p in self._ready:
+            bucket = self._bucket_of.get(p)
+            if self._delay[p] <= 0:
                 raise AssertionError(
                     "Gradients were computed more than backward_passes_per_step times before "
                     "call to step(). Increase backward_passes_per_step to accumulate gradients "
                     "locally.")
+            if bucket is not None:
+                bucket.attach(p)  # later passes then accumulate into the view
             self._delay[p] -= 1
-            self._handles.setdefault(p, None)
+            key = p if bucket is None else bucket
+            self._handles.setdefault(key, None)
             if self._delay[p] == 0:
-                self._ready.add(p)
-                self._submit_ready(p)
+                if bucket is None:
+                    self._ready.add(p)
+                    self._handles[p] = self._allreduce_async(p.grad if p.grad.is_contiguous()
+                                                             else p.grad.contiguous())
+                else:
+                    bucket.ready += 1
+                    if bucket.ready == len(bucket.members):
+                        self._submit_bucket(bucket)
         return hook
 
-    def _submit_ready(self, p) -> None:
-        """Submit p, or p's whole group once every member of it is ready."""
-        group = self._group_of.get(p)
-        if group is None:
-            self._handles[p] = self._allreduce_grad_async(p)
-        elif all(q in self._ready for q in group):
-            with _state.waiting_now() if self._one_group else contextlib.nullcontext():
-                for q in group:
-                    self._handles[q] = self._allreduce_grad_async(q)
+    def _submit_bucket(self, bucket) -> None:
+        with _state.waiting_now() if self._one_group else contextlib.nullcontext():
+            self._handles[bucket] = self._allreduce_async(bucket.flat, bucket.name)
 
-    def _allreduce_grad_async(self, p):
-        if p.grad is None:  # unused this step on this rank; another rank may have used it
-            p.grad = torch.zeros_like(p)
-        tensor = p.grad if p.grad.is_contiguous() else p.grad.contiguous()
+    def _allreduce_async(self, tensor, name=None):
         compressed, ctx = self._compression.compress(tensor)
         pre, post = 1.0, 1.0
         if self._op == M.Average and self._predivide != 1.0:
             pre, post = 1.0 / self._predivide, self._predivide
-        handle = M.allreduce_async_(compressed, name=self._parameter_names[p], op=self._op,
+        handle = M.allreduce_async_(compressed, name=name, op=self._op,
                                     prescale_factor=pre, postscale_factor=post)
         return handle, ctx
 
+    def _submit_the_rest(self) -> None:
+        """What no hook submitted: a parameter unused this step on this rank (another rank
+        may have used it) is reduced as zeros, so every rank submits the same names."""
+        for bucket in self._buckets:
+            if self._handles.get(bucket) is None:
+                for p in bucket.members:
+                    bucket.attach(p)
+                self._handles[bucket] = self._allreduce_async(bucket.flat, bucket.name)
+        for p in self._loose:
+            if self._handles.get(p) is None:
+                if p.grad is None:  # unused this step on this rank
+                    p.grad = torch.zeros_like(p)
+                self._handles[p] = self._allreduce_async(p.grad if p.grad.is_contiguous()
+                                                         else p.grad.contiguous())
+
     def synchronize(self) -> None:
-        """Wait for every gradient's allreduce and write the results into .grad."""
+        """Wait for every gradient's allreduce; the averaged gradients are in .grad."""
         t0 = time.perf_counter()
         with _state.waiting_now():  # waited for just below
-            for p in self._requires_update:
-                if self._handles.get(p) is None:
-                    self._handles[p] = self._allreduce_grad_async(p)
-        for p, (handle, ctx) in self._handles.items():
+            self._submit_the_rest()
+        for key, (handle, ctx) in self._handles.items():
             out = self._compression.decompress(M.synchronize(handle), ctx)
+            target = key.flat if key in self._bucket_keys else key.grad
+            if out.data_ptr() != target.data_ptr():
+                target.copy_(out)
+        for p in self._requires_update:
             self._delay[p] = self.backward_passes_per_step
-            if out.data_ptr() != p.grad.data_ptr():
-                p.grad.copy_(out)
+        for bucket in self._buckets:
+            bucket.ready = 0
         self._handles.clear()
         self._ready.clear()
         self._synchronized = True
@@ -155,11 +184,21 @@ class _DistributedOptimizer:
     step.hooked = True  # torch's step profiling wrapper already wraps the base class's step
 
     def zero_grad(self, set_to_none: bool = True):
+        """Clear the gradients.  A bucketed gradient is zeroed in place, with its bucket
+        in one kernel, and stays a view of it (not None), so the next backward
+        accumulates into the bucket without a copy; other gradients follow set_to_none."""
         if self._handles:
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
                                  "before optimizer.step() or optimizer.synchronize(). This is "
                                  "prohibited as it can cause a race condition.")
-        return super().zero_grad(set_to_none)
+        if not self._loose and set_to_none:
+            for bucket in self._buckets:
+                bucket.zero()
+            return None
+        result = super().zero_grad(set_to_none)
+        for bucket in self._buckets:
+            bucket.zero()
+        return result
 
 
 def auto_groups(params) -> int:
@@ -169,10 +208,12 @@ def auto_groups(params) -> int:
     return 1 if _state.local_size() * torch.get_num_threads() >= usable_cores() else 0
 
 
-def _group_of(groups, params) -> dict:
-    """{parameter: its group (a tuple)}: an int splits `params` into that many runs."""
+def _runs(groups, params) -> list:
+    """The runs of parameters that travel together (see _buckets): an int splits `params`
+    into that many runs in order; explicit groups are runs (parameters in none of them
+    travel as with overlap); 0 or None: overlap runs."""
     if not groups:
-        return {}
+        return overlap_runs(params)
     if isinstance(groups, int):
         n = max(1, min(groups, len(params)))
         size, extra = divmod(len(params), n)
@@ -181,14 +222,12 @@ def _group_of(groups, params) -> dict:
             end = start + size + (1 if i < extra else 0)
             runs.append(params[start:end])
             start = end
-    else:
-        runs = [list(g) for g in groups]
-    out = {}
-    for run in runs:
-        members = tuple(run)
-        for p in members:
-            out[p] = members
-    return out
+        return runs
+    wanted = set(params)
+    runs = [[p for p in dict.fromkeys(g) if p in wanted] for g in groups]
+    runs = [run for run in runs if run]
+    grouped = {p for run in runs for p in run}
+    return runs + overlap_runs([p for p in params if p not in grouped])
 
 
 def _parameter_names(named_parameters, params) -> dict:
@@ -225,11 +264,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         op: Average (default), Sum, Min, Max or Product.
         gradient_predivide_factor: with Average, divide by this before the sum and by
             size/factor after it.
-        num_groups / groups: submit gradients in groups (num_groups runs of the parameters
-            in order, or explicit lists of parameters), each once all its members are
-            ready, so a group travels in one fused buffer (DDP-style buckets).
-            num_groups=0: each gradient goes as soon as it is ready (overlap with
-            backward).  None (default): 1 on CPU ranks without a spare core, else 0.
+        num_groups / groups: the runs of gradients that travel together (num_groups runs
+            of the parameters in order, or explicit lists of parameters): each run's
+            gradients are views of one flat buffer per dtype and device (a bucket),
+            reduced in place once all its members are ready.  num_groups=0: overlap
+            with backward, in buckets of about 1 MiB first, then 25 MiB.  None
+            (default): 1 on CPU ranks without a spare core, else 0.
     """
     M._check_process_set(process_set)
     op = M.handle_average_backwards_compatibility(op, None)
