@@ -69,7 +69,6 @@ class _DistributedOptimizer:
         # one run: it is submitted at the end of backward and waited for in step(), with
         # nothing to overlap in between, so it goes lazily (the wait runs its cycle)
         self._one_group = len(runs) == 1
-        self._ready: set = set()  # loose parameters whose delay reached 0 this step
         self._handles: dict = {}  # bucket or loose parameter -> (handle, ctx); None: not yet
         self._synchronized = False
         self._should_synchronize = True
@@ -102,9 +101,7 @@ class _DistributedOptimizer:
             self._handles.setdefault(key, None)
             if self._delay[p] == 0:
                 if bucket is None:
-                    self._ready.add(p)
-                    self._handles[p] = self._allreduce_async(p.grad if p.grad.is_contiguous()
-                                                             else p.grad.contiguous())
+                    self._submit_loose(p)
                 else:
                     bucket.ready += 1
                     if bucket.ready == len(bucket.members):
@@ -115,7 +112,11 @@ class _DistributedOptimizer:
         with _state.waiting_now() if self._one_group else contextlib.nullcontext():
             self._handles[bucket] = self._allreduce_async(bucket.flat, bucket.name)
 
-    def _allreduce_async(self, tensor, name=None):
+    def _submit_loose(self, p) -> None:
+        grad = p.grad if p.grad.is_contiguous() else p.grad.contiguous()
+        self._handles[p] = self._allreduce_async(grad, self._parameter_names[p])
+
+    def _allreduce_async(self, tensor, name: str):
         compressed, ctx = self._compression.compress(tensor)
         pre, post = 1.0, 1.0
         if self._op == M.Average and self._predivide != 1.0:
@@ -136,8 +137,7 @@ class _DistributedOptimizer:
             if self._handles.get(p) is None:
                 if p.grad is None:  # unused this step on this rank
                     p.grad = torch.zeros_like(p)
-                self._handles[p] = self._allreduce_async(p.grad if p.grad.is_contiguous()
-                                                         else p.grad.contiguous())
+                self._submit_loose(p)
 
     def synchronize(self) -> None:
         """Wait for every gradient's allreduce; the averaged gradients are in .grad."""
@@ -154,7 +154,6 @@ class _DistributedOptimizer:
         for bucket in self._buckets:
             bucket.ready = 0
         self._handles.clear()
-        self._ready.clear()
         self._synchronized = True
         self._last_wait = time.perf_counter() - t0
 
