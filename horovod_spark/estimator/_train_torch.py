@@ -142,7 +142,7 @@ class _Gradients:
     NAME = "estimator.gradients"
 
     def __init__(self, optimizer, hvd):
-        import torch
+        from horovod_spark.torch._buckets import Bucket
 
         self.optimizer, self.hvd, self.reduce = optimizer, hvd, hvd.size() > 1
         params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -150,23 +150,16 @@ class _Gradients:
         by_kind: Dict[tuple, list] = {}
         for p in params:
             by_kind.setdefault((p.dtype, p.device), []).append(p)
-        self.buffers, self.views = [], []
-        for (dtype, device), members in by_kind.items():
-            flat = torch.zeros(sum(p.numel() for p in members), dtype=dtype, device=device)
-            offset = 0
-            for p in members:
-                self.views.append((p, flat[offset:offset + p.numel()].view_as(p)))
-                offset += p.numel()
-            self.buffers.append(flat)
+        self.buckets = [Bucket(f"{self.NAME}.{i}", members)
+                        for i, members in enumerate(by_kind.values())]
+        self.buffers = [b.flat for b in self.buckets]
         self.attach()
 
     def attach(self) -> None:
         """Point every ``.grad`` at its view (once per epoch: nothing in a step replaces one)."""
-        for p, view in self.views:
-            if p.grad is not view:
-                if p.grad is not None:
-                    view.copy_(p.grad)
-                p.grad = view
+        for bucket in self.buckets:
+            for p in bucket.members:
+                bucket.attach(p)
 
     def step(self) -> None:
         """Average the gradients over the ranks, step the optimizer, clear the gradients."""

@@ -45,7 +45,7 @@ from collectives.errors import NotSupported
 
 from . import _state
 from . import mpi_ops as M
-from ._buckets import make_buckets, overlap_runs
+from ._buckets import Bucket, make_buckets, overlap_runs
 from .compression import Compression
 
 __all__ = ["DistributedOptimizer"]
@@ -65,7 +65,6 @@ class _DistributedOptimizer:
         runs = _runs(groups, self._requires_update)
         self._overlap = not groups  # runs cut by size, submitted as they fill during backward
         self._buckets, self._bucket_of, self._loose = make_buckets(runs, self._parameter_names)
-        self._bucket_keys = set(self._buckets)
         # one run: it is submitted at the end of backward and waited for in step(), with
         # nothing to overlap in between, so it goes lazily (the wait runs its cycle)
         self._one_group = len(runs) == 1
@@ -146,7 +145,7 @@ class _DistributedOptimizer:
             self._submit_the_rest()
         for key, (handle, ctx) in self._handles.items():
             out = self._compression.decompress(M.synchronize(handle), ctx)
-            target = key.flat if key in self._bucket_keys else key.grad
+            target = key.flat if isinstance(key, Bucket) else key.grad
             if out.data_ptr() != target.data_ptr():
                 target.copy_(out)
         for p in self._requires_update:
