@@ -51,6 +51,8 @@ def _args(argv=None) -> argparse.Namespace:
     p.add_argument("--min", type=int, default=4 << 10, help="smallest size, bytes")
     p.add_argument("--max", type=int, default=256 << 20, help="largest size, bytes")
     p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--parts", default="sizes,resnet,training",
+                   help="which parts to run, comma-separated (default: all three)")
     p.add_argument("--json", default=os.path.join(REPO, "benchmarks", "results", "gpu.json"))
     return p.parse_args(argv)
 
@@ -180,13 +182,15 @@ class Bench:
                 self.ps = torch.nn.ParameterList(torch.nn.Parameter(torch.zeros(s, device=dev))
                                                  for s in resnet50_shapes())
 
-            def forward(self):
-                return sum(p.sum() for p in self.ps)
+            def forward(self, x):  # (DDP wants an input)
+                return sum(p.sum() for p in self.ps) * x
+
+        one = torch.ones((), device=self.dev)
 
         def stepper(model, opt):
             def step():
                 opt.zero_grad()
-                model().backward()
+                model(one).backward()
                 opt.step()
             return step
 
@@ -238,7 +242,7 @@ def _mode(size: int) -> str:
     return f"{size} ranks, one GPU each"
 
 
-def _report(rows: list, resnet: dict, training: dict, size: int) -> str:
+def _report_sizes(rows: list, size: int) -> str:
     bus = 2 * (size - 1) / size
     lines = [f"# allreduce SUM float32 in place, {_mode(size)}; time us, algbw/busbw GB/s; "
              "ratio = ours / torch; +us = ours - torch",
@@ -253,36 +257,49 @@ def _report(rows: list, resnet: dict, training: dict, size: int) -> str:
         cells += [f"{r['comm'] / r['torch']:>7.3f}", f"{r['hvd'] / r['torch']:>7.3f}",
                   f"{(r['comm'] - r['torch']) * 1e6:>8.1f}", f"{(r['hvd'] - r['torch']) * 1e6:>8.1f}"]
         lines.append(" ".join(cells))
-    lines.append(f"\n# ResNet-50 gradient set: {resnet['tensors']} tensors, {resnet['elements']} "
-                 f"float32 ({resnet['bytes'] / 2**20:.1f} MiB), SUM; overhead vs one flat torch all_reduce")
+    return "\n".join(lines)
+
+
+def _report_resnet(resnet: dict) -> str:
+    lines = [f"# ResNet-50 gradient set: {resnet['tensors']} tensors, {resnet['elements']} "
+             f"float32 ({resnet['bytes'] / 2**20:.1f} MiB), SUM; overhead vs one flat torch all_reduce"]
     floor = resnet["torch flat"]
     for k in ("torch flat", "torch per-tensor", "torch buckets", "hvd fused", "comm flat"):
         lines.append(f"{k:>17} {resnet[k] * 1e3:>9.3f} ms  {resnet['bytes'] / resnet[k] / 1e9:>7.2f} GB/s"
                      f"  overhead {100 * (resnet[k] / floor - 1):+6.1f}%"
                      f"  {(resnet[k] - floor) * 1e6:+9.1f} us")
-    lines.append("\n# a training step (zero_grad, backward, SGD step) of a model with ResNet-50's "
-                 "parameters; vs DDP")
+    return "\n".join(lines)
+
+
+def _report_training(training: dict) -> str:
+    lines = ["# a training step (zero_grad, backward, SGD step) of a model with ResNet-50's "
+             "parameters; vs DDP"]
     for k, t in training.items():
         lines.append(f"{k:>17} {t * 1e3:>9.3f} ms  / DDP {t / training['torch DDP']:6.3f}")
     return "\n".join(lines)
 
 
 def _child(args) -> int:
+    """Each part is printed (rank 0) as soon as it is measured, and the JSON rewritten, so a
+    run cut short by its time limit still reports the parts it finished."""
     b = Bench(args)
-    rows, resnet, training = b.sizes(), b.resnet(), b.training()
-    if b.rank == 0:
-        text = _report(rows, resnet, training, b.size)
-        print(text, flush=True)
-        blob = {"benchmark": "gpu", "ranks": b.size, "device": b.torch.cuda.get_device_name(),
-                "nccl": _nccl_version(b.torch), "allreduce": rows,
-                "resnet50": resnet, "training_step": training}
-        paths = [args.json] + ([os.path.join(os.environ["OUT"], os.path.basename(args.json))]
-                               if os.environ.get("OUT") else [])
-        blob["mode"] = _mode(b.size)
-        for path in paths:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w") as f:
-                json.dump(blob, f, indent=1)
+    blob = {"benchmark": "gpu", "ranks": b.size, "device": b.torch.cuda.get_device_name(),
+            "nccl": _nccl_version(b.torch), "mode": _mode(b.size)}
+    paths = [args.json] + ([os.path.join(os.environ["OUT"], os.path.basename(args.json))]
+                           if os.environ.get("OUT") else [])
+    parts = {"sizes": ("allreduce", b.sizes, lambda r: _report_sizes(r, b.size)),
+             "resnet": ("resnet50", b.resnet, _report_resnet),
+             "training": ("training_step", b.training, _report_training)}
+    for part in args.parts.split(","):
+        key, run, report = parts[part.strip()]
+        t0 = time.perf_counter()
+        blob[key] = run()
+        if b.rank == 0:
+            print(f"{report(blob[key])}\n({part}: {time.perf_counter() - t0:.1f} s)\n", flush=True)
+            for path in paths:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "w") as f:
+                    json.dump(blob, f, indent=1)
     b.dist.destroy_process_group()
     b.hvd.shutdown()
     return 0

@@ -62,8 +62,9 @@ step bench1 "${BENCH_S:-90}" "$PY" benchmarks/gpu.py --np 1 --json benchmarks/re
 if [ "$("$PY" -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
   step bench2 "${BENCH_S:-90}" "$PY" benchmarks/gpu.py --np 2 --json benchmarks/results/gpu_np2.json
 else
-  step bench2 "${BENCH_S:-90}" "$PY" -m collectives.launch -n 2 --hosts gpu-host-0,gpu-host-1 \
-    tests/gpu/_shared_gpu.py benchmarks/gpu.py --np 2 --reps 5 --max $((64 << 20)) \
+  # over sockets: fewer reps, up to 64 MiB; each part prints as it finishes
+  step bench2 "${BENCH2_S:-150}" "$PY" -m collectives.launch -n 2 --hosts gpu-host-0,gpu-host-1 \
+    tests/gpu/_shared_gpu.py benchmarks/gpu.py --np 2 --reps 3 --max $((64 << 20)) \
     --json benchmarks/results/gpu_np2.json
 fi
 

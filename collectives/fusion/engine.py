@@ -31,9 +31,9 @@ rank).  That saves two thread wake-ups per op, which in a training step cost
 more than the cycle itself.  Asynchronous submissions wake the engine's
 thread, which runs their cycles while the caller goes on (overlap), and a
 wait on them only kicks it: two agents taking turns at the cycles cost more
-than either.  A wait with a timeout, and everything once CUDA tensors are in
-use (their ops run on the engine thread's stream), also stay with the
-engine's thread.
+than either.  A wait with a timeout also stays with the engine's thread.
+CUDA ops run the same on either thread: on the engine stream, ordered after
+their producers and before their consumers by events (_streams.py).
 
 Failure: an exception in a cycle, on the engine's thread or a caller's (a
 lost peer, a timeout), fails every pending handle with that cause; later
@@ -109,7 +109,7 @@ class FusionEngine:
         self._cycle_lock = threading.Lock()  # one cycle at a time: the thread's or a driver's
         self._cycle_owner: Optional[int] = None  # the thread ident of a driving caller
         self._drivers = 0  # callers inside _drive: the engine's thread leaves the cycles to them
-        self._drivable = True  # False once a CUDA tensor is submitted
+        self._cuda = False  # True once a CUDA tensor is submitted (its cycles look for them)
         self._stall = StallWatch(comm, self._config, self.rank, self.size)
         self._thread = threading.Thread(target=self._run, name=f"fusion-engine-r{self.rank}",
                                         daemon=True)
@@ -135,8 +135,9 @@ class FusionEngine:
             return self._submit_join()
         req = make_request(name, kind, buffer, out, op, prescale, postscale, root, splits,
                            dtype, self.rank, self.size, self._on_wait)
-        if req.sig.device != "cpu":
-            self._drivable = False
+        if req.sig.device != "cpu":  # ordered after its producer on the caller's stream
+            req.ready = self._executor.streams.ready(req.buf.flat)
+            self._cuda = True
         with self._lock:
             if self._stopped is not None:
                 self._raise_if_stopped(req.sig.kind, req.sig.tensor())
@@ -230,7 +231,7 @@ class FusionEngine:
                 "cycle, which can't end before it (a signal handler that runs a collective?)",
                 rank=self.rank, size=self.size, op=handle.kind,
                 hint="in a signal handler, set a flag and run the collective from the loop"))
-        if timeout is None and handle.lazy and self._drivable:
+        if timeout is None and handle.lazy:
             self._drive(handle)
         if not handle._done:
             self._wake.set()
@@ -253,7 +254,7 @@ class FusionEngine:
             with _CallerCycle(self) as cycle:
                 if not cycle.entered:
                     return  # the engine's thread is cycling: it finishes the handle
-                if self._stopped is not None or handle._done or not self._drivable:
+                if self._stopped is not None or handle._done:
                     return
                 cpu = time.thread_time()
                 self._metrics["caller_cycles"] += 1
@@ -340,8 +341,6 @@ class FusionEngine:
         if self._mark_cycles and tl is not None:
             tl.mark("CYCLE_START", t0)
         self._drain()
-        if not self._drivable and threading.current_thread() is not self._thread:
-            return  # CUDA work came in: it runs on the engine's thread (nothing sent yet)
         if self.size == 1:
             return self._cycle_alone(t0)
         vec, payload = self._vector()
@@ -371,7 +370,7 @@ class FusionEngine:
         the pending set, so the stop that follows fails its handles instead of leaving
         their callers waiting forever."""
         try:
-            self._executor.run(taken, joined)
+            self._executor.run(taken, joined, self._cuda)
         except BaseException:
             for _, req in taken:
                 if req is not None and not req.handle._done:

@@ -13,8 +13,10 @@ bfloat16), so its sums are also more accurate.  A group of one CPU tensor
 skips the copies.  CUDA tensors of one framework are packed the same way into
 a *device* fusion buffer (one per dtype and framework, on the GPU; one
 concatenation kernel in, one copy per tensor out) and reduced by one NCCL
-call on the engine thread's stream, so packing, the reduction and unpacking
-stay in order; a lone CUDA tensor goes to the communicator as it is.
+call on the engine stream (_streams.py: after the producers' ready events;
+the handles finish once the done event is recorded after the cycle's device
+ops), so packing, the reduction and unpacking stay in order; a lone CUDA
+tensor goes to the communicator as it is.
 
 The other kinds run one collective each.  Errors that every rank can derive
 from the agreed data (a broadcast root that has joined) finish the handles
@@ -32,6 +34,7 @@ from ..errors import NotSupported, describe
 from ..types import DType, ReduceOp, numpy_of_dtype
 from ._device import clone as _clone, concat as _concat, empty_like as _empty_like, \
     is_torch as _is_torch
+from ._streams import EngineStreams
 from .request import Request, Signature
 
 __all__ = ["Executor"]
@@ -88,13 +91,41 @@ class Executor:
     def __init__(self, comm, threshold: int, timeline, metrics: Dict[str, float],
                  done: Callable[[Request, object, Optional[BaseException]], None]) -> None:
         self._comm, self._threshold = comm, threshold
-        self.timeline, self._metrics, self._done = timeline, metrics, done
+        self.timeline, self._metrics, self._finish = timeline, metrics, done
         self._rank, self._size = comm.rank, comm.size
         # numpy dtype -> host fusion buffer; (torch?, dtype name) -> flat CUDA buffer
         self._buffers: Dict[object, object] = {}
+        self.streams = EngineStreams()
+        self._deferred: Optional[list] = None  # CUDA completions until the done event exists
 
     # -- dispatch ------------------------------------------------------------
-    def run(self, responses: List[Response], joined: tuple) -> None:
+    def run(self, responses: List[Response], joined: tuple, cuda: bool = False) -> None:
+        """Run the agreed ops.  cuda: some may be CUDA ops, which run on the engine stream
+        after their producers (ready events) and finish once the done event is recorded."""
+        device = [req for _, req in responses if req is not None and req.sig.device != "cpu"] \
+            if cuda else None
+        if not device:
+            return self._run(responses, joined)
+        deferred: list = []
+        self._deferred = deferred
+        try:
+            with self.streams.cycle(device) as record_done:
+                self._run(responses, joined)
+                event = record_done()
+        finally:
+            self._deferred = None
+        for req, result, error in deferred:
+            if error is None:
+                req.handle.event = event
+            self._finish(req, result, error)
+
+    def _done(self, req: Request, result, error: Optional[BaseException]) -> None:
+        if self._deferred is not None and req.sig.device != "cpu":
+            self._deferred.append((req, result, error))
+        else:
+            self._finish(req, result, error)
+
+    def _run(self, responses: List[Response], joined: tuple) -> None:
         buckets: Dict[tuple, list] = {}
         others: List[Response] = []
         anyone_joined = any(joined)

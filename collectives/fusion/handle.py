@@ -19,7 +19,7 @@ __all__ = ["Handle"]
 
 class Handle:
     __slots__ = ("name", "kind", "_rank", "_size", "_sig", "_kick", "_lock", "_done", "_result",
-                 "_error", "lazy")
+                 "_error", "lazy", "event")
 
     def __init__(self, name: str, kind: str, rank: int, size: int, sig=None, kick=None) -> None:
         self.name, self.kind = name, kind
@@ -30,6 +30,7 @@ class Handle:
         self._result: Any = None
         self._error: Optional[BaseException] = None
         self.lazy = False  # submitted lazily: its first waiter may run the engine's cycle
+        self.event = None  # CUDA: done on the engine's stream; each waiter's stream waits for it
 
     def poll(self) -> bool:
         """True once the op has finished (successfully or not); wait() then never blocks."""
@@ -53,6 +54,10 @@ class Handle:
             self._lock.release()
         if self._error is not None:
             raise self._error
+        if self.event is not None:
+            from ._streams import consume
+
+            consume(self._result, self.event)
         return self._result
 
     def _tensor(self) -> str:

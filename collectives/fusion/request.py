@@ -80,7 +80,8 @@ class Signature(NamedTuple):
 class Request:
     """One submitted op on this rank; lives until its handle is finished."""
 
-    __slots__ = ("sig", "buf", "out", "splits", "handle", "t_submit", "t_ready", "announced")
+    __slots__ = ("sig", "buf", "out", "splits", "handle", "t_submit", "t_ready", "announced",
+                 "ready")
 
     def __init__(self, sig: Signature, buf: Optional[B.Buf], out: Optional[B.Buf],
                  splits: Optional[list], handle: Handle) -> None:
@@ -88,6 +89,7 @@ class Request:
         self.t_submit = time.perf_counter()
         self.t_ready = 0.0
         self.announced = False
+        self.ready = None  # CUDA: the event recorded on the producer's stream (_streams.py)
 
     @property
     def name(self) -> str:

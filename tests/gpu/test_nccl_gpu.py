@@ -192,3 +192,13 @@ def test_a_cnn_trains_on_cuda_with_distributed_optimizer_like_one_full_batch_pro
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
     assert proc.stdout.count("GPU CNN OK") == n, proc.stdout[-6000:]
+
+
+@requires_torch_cuda
+@pytest.mark.parametrize("n", [1, 2])
+def test_hvd_ops_wait_for_the_callers_side_stream_and_their_results_are_ready_on_it(n):
+    script = os.path.join(HERE, "_gpu_streams.py")
+    cmd = [sys.executable, script] if n == 1 else _ranks_command(script, n)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
+    assert proc.stdout.count("GPU STREAMS OK") == n, proc.stdout[-6000:]
