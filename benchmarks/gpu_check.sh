@@ -3,7 +3,8 @@
 #   1. build collectives._native in place (the communicator and the launcher use it)
 #   2. the GPU tests: all of tests/gpu (the GPU-free ones run too), NCCL on the real device;
 #      with one GPU, the two-rank tests put both ranks on it as two NCCL hosts (_shared_gpu.py)
-#   3. benchmarks/gpu.py: our NCCL path vs torch.distributed NCCL, ResNet-50 gradient set,
+#   3. benchmarks/gpu_profile.py: where the time of one hvd op on CUDA goes (cProfile)
+#   4. benchmarks/gpu.py: our NCCL path vs torch.distributed NCCL, ResNet-50 gradient set,
 #      on one rank, then on two ranks (one GPU each, or sharing the one GPU over sockets)
 # Usage, from anywhere:  bash benchmarks/gpu_check.sh
 # Logs and JSON go to $OUT when it is set (the device tool's folder), else benchmarks/results/.
@@ -58,6 +59,7 @@ else
 fi
 
 step tests "${TESTS_S:-240}" "$PY" -m pytest -q -p no:cacheprovider -rs --timeout 150 tests/gpu
+step profile "${PROFILE_S:-60}" "$PY" benchmarks/gpu_profile.py
 step bench1 "${BENCH_S:-90}" "$PY" benchmarks/gpu.py --np 1 --json benchmarks/results/gpu.json
 if [ "$("$PY" -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
   step bench2 "${BENCH_S:-90}" "$PY" benchmarks/gpu.py --np 2 --json benchmarks/results/gpu_np2.json

@@ -124,13 +124,19 @@ def empty_for(buf: Buf, n: int):
         return cupy.empty(n, dtype=buf.flat.dtype)
 
 
+_TORCH_DTYPES: dict = {}  # torch dtype -> DType (found through an empty CPU tensor, once)
+
+
 def _cuda_dtype(x) -> DType:
     if _is_torch(x):
-        import torch
+        dt = _TORCH_DTYPES.get(x.dtype)
+        if dt is None:
+            import torch
 
-        if x.dtype == torch.bfloat16:
-            return DType.BFLOAT16
-        return dtype_of_numpy(torch.empty(0, dtype=x.dtype).numpy().dtype)
+            dt = DType.BFLOAT16 if x.dtype == torch.bfloat16 else \
+                dtype_of_numpy(torch.empty(0, dtype=x.dtype).numpy().dtype)
+            _TORCH_DTYPES[x.dtype] = dt
+        return dt
     return dtype_of_numpy(np.dtype(x.dtype))
 
 

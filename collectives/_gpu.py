@@ -22,7 +22,7 @@ from typing import Any, Mapping, Optional, Sequence, Tuple
 from .errors import CollectiveError, NotSupported, describe
 
 __all__ = ["select_device", "is_cuda_buffer", "check_exclusive_gpus", "gpu_addresses",
-           "DeviceBuffer", "device_buffer", "import_cupy_nccl", "import_or_refuse",
+           "DeviceBuffer", "device_buffer", "torch_stream", "import_cupy_nccl", "import_or_refuse",
            "NCCL_INSTALL_HINT"]
 
 _SPARK_GPU_HINT = ("give every task its own GPU: spark.task.resource.gpu.amount=1 and "
@@ -155,6 +155,16 @@ class DeviceBuffer:
     def at(self, offset: int) -> int:
         """The address of element `offset`."""
         return self.ptr + offset * self.itemsize
+
+
+def torch_stream(x) -> int:
+    """torch's current stream on CUDA tensor x's device, as a cudaStream_t int (through
+    torch's raw getter where it has one: a Stream object costs microseconds per op)."""
+    torch = sys.modules["torch"]
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return int(raw(x.device.index))
+    return int(torch.cuda.current_stream(x.device).cuda_stream)
 
 
 def device_buffer(x, what: str = "tensor") -> DeviceBuffer:

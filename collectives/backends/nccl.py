@@ -30,7 +30,7 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 
 from .._gpu import NCCL_INSTALL_HINT as INSTALL_HINT
-from .._gpu import DeviceBuffer, device_buffer, import_cupy_nccl
+from .._gpu import DeviceBuffer, device_buffer, import_cupy_nccl, torch_stream
 from ..config import Config
 from ..errors import CollectiveError, CollectiveTimeout, NotSupported, describe
 from ..types import DType, ReduceOp, numpy_of_dtype
@@ -110,7 +110,7 @@ class NcclBackend(Backend):
         """The current stream (cudaStream_t as int) of x's framework (CuPy's for None)."""
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(x, torch.Tensor):
-            return int(torch.cuda.current_stream(x.device).cuda_stream)
+            return torch_stream(x)
         try:
             return int(self._cupy.cuda.get_current_stream(self.device).ptr)
         except TypeError:  # CuPy < 13 takes no device

@@ -27,7 +27,9 @@ import contextlib
 import sys
 from typing import Dict, List
 
-__all__ = ["EngineStreams", "consume"]
+from .._gpu import torch_stream
+
+__all__ = ["EngineStreams", "Done", "consume"]
 
 
 def _is_torch(x) -> bool:
@@ -48,10 +50,12 @@ def _device(x) -> int:
 def _current_stream(x) -> int:
     """The caller's current stream for x (cudaStream_t as int), in x's framework."""
     if _is_torch(x):
-        import torch
-
-        return int(torch.cuda.current_stream(x.device).cuda_stream)
-    return int(_cupy().cuda.get_current_stream(_device(x)).ptr)
+        return torch_stream(x)
+    cupy = _cupy()
+    try:
+        return int(cupy.cuda.get_current_stream(_device(x)).ptr)
+    except TypeError:  # CuPy < 13 takes no device
+        return int(cupy.cuda.get_current_stream().ptr)
 
 
 class _Stream:
@@ -69,6 +73,36 @@ class _Stream:
 
             self._torch = torch.cuda.ExternalStream(self.ptr, device=torch.device("cuda", self.device))
         return self._torch
+
+
+@contextlib.contextmanager
+def _torch_current(ts):
+    """`ts` is torch's current stream inside (torch's own context manager, minus its
+    Python-level Stream objects, where torch has the raw calls)."""
+    import torch
+
+    C = torch._C
+    get, put = getattr(C, "_cuda_getCurrentStream", None), getattr(C, "_cuda_setStream", None)
+    if get is None or put is None or not hasattr(C, "_cuda_getDevice"):
+        with torch.cuda.stream(ts):
+            yield
+        return
+    device, prev = C._cuda_getDevice(), get(ts.device_index)
+    put(stream_id=ts.stream_id, device_index=ts.device_index, device_type=ts.device_type)
+    try:
+        yield
+    finally:  # (setting a stream makes its device current: the caller's comes back last)
+        put(stream_id=prev[0], device_index=prev[1], device_type=prev[2])
+        C._cuda_setDevice(device)
+
+
+class Done:
+    """The done event of one cycle, and the streams already made to wait for it."""
+
+    __slots__ = ("event", "waited")
+
+    def __init__(self, event) -> None:
+        self.event, self.waited = event, set()
 
 
 class EngineStreams:
@@ -100,7 +134,8 @@ class EngineStreams:
     @contextlib.contextmanager
     def cycle(self, requests: list):
         """Make the engine stream wait for `requests`' producers and be current (torch, CuPy)
-        while the body runs; yields a function that records and returns the done event."""
+        while the body runs; yields a function that records the done event and returns it
+        as a Done."""
         cupy = _cupy()
         device = _device(requests[0].buf.flat)
         s = self._stream(device)
@@ -116,18 +151,15 @@ class EngineStreams:
                     if b is not None and _is_torch(b.flat):
                         b.flat.record_stream(ts)
 
-        def done():
-            with cupy.cuda.Device(device):
-                event = cupy.cuda.Event(disable_timing=True)
+        def done() -> Done:
+            event = cupy.cuda.Event(disable_timing=True)
             cupy.cuda.runtime.eventRecord(event.ptr, s.ptr)
-            return event
+            return Done(event)
 
         with contextlib.ExitStack() as stack:
-            if ts is not None:
-                import torch
-
-                stack.enter_context(torch.cuda.stream(ts))
             stack.enter_context(cupy.cuda.Device(device))
+            if ts is not None:
+                stack.enter_context(_torch_current(ts))
             stack.enter_context(s.cupy)
             yield done
 
@@ -140,20 +172,20 @@ def _tensors(result):
         yield result
 
 
-def consume(result, event) -> None:
-    """The waiter's current stream waits for `event` before using `result`."""
-    cupy = _cupy()
-    seen = set()
+def consume(result, done: Done, fresh: bool) -> None:
+    """The waiter's current stream waits for the done event before using `result`; a
+    `fresh` result (allocated on the engine stream) is marked as used on that stream."""
+    wait = None
     for x in _tensors(result):
         if _is_torch(x) and not x.is_cuda:
             continue
         stream = _current_stream(x)
-        if stream not in seen:
-            seen.add(stream)
-            cupy.cuda.runtime.streamWaitEvent(stream, event.ptr, 0)
-        if _is_torch(x):
+        if stream not in done.waited:
+            if wait is None:
+                wait = _cupy().cuda.runtime.streamWaitEvent
+            wait(stream, done.event.ptr, 0)
+            done.waited.add(stream)
+        if fresh and _is_torch(x):
             import torch
 
-            x.record_stream(torch.cuda.current_stream(x.device))
-    if not seen:  # a result without a CUDA tensor (a barrier): CuPy's current stream waits
-        cupy.cuda.runtime.streamWaitEvent(int(cupy.cuda.get_current_stream().ptr), event.ptr, 0)
+            x.record_stream(torch.cuda.ExternalStream(stream, device=x.device))

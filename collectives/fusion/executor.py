@@ -115,8 +115,9 @@ class Executor:
         finally:
             self._deferred = None
         for req, result, error in deferred:
-            if error is None:
-                req.handle.event = event
+            if error is None:  # fresh: not the caller's own tensor, so allocated on the engine stream
+                mine = req.out.source if req.out is not None else req.buf.source
+                req.handle.event = (event, result is not mine)
             self._finish(req, result, error)
 
     def _done(self, req: Request, result, error: Optional[BaseException]) -> None:
