@@ -22,6 +22,10 @@ Sides (each in its own fresh processes, started by collectives.launch.run_local)
                localhost ports, gRPC collectives), the single-loop step under strategy.run
   mwms-fit     N MWMS workers with model.fit: tried once; on Keras 3 it fails in fit's
                symbolic build (keras-team/keras#20585), and the error is recorded
+With --pin every process is held to one core of its own (rank r on core r,
+the single process on core 0), its helper threads (tf.data's prefetch, the
+engine's) included; without it the single process's helpers run on the
+idle cores, an advantage the N processes, which fill every core, lack.
 Sides take turns round by round so machine noise hits all alike; each launch
 measures `--windows` windows of `--steps` steps.  The table shows the best
 window (the least disturbed by other load) and the median, and the median CPU
@@ -193,7 +197,16 @@ def _mwms(cfg, ports, use_fit: bool) -> list:
     return _windows(stamps, cfg)
 
 
+def _pin(cfg) -> None:
+    """With --pin, each process runs on one core of its own (rank r on core r), every thread
+    of it (TensorFlow's, tf.data's, the engine's) included: set before TensorFlow starts any."""
+    if cfg.get("pin"):
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[int(os.environ.get("HVS_RANK", "0")) % len(cores)]})
+
+
 def _side_body(side: str, cfg: dict, ports=None) -> list:
+    _pin(cfg)
     if side in ("single-fit", "ours-fit"):
         return _fit(cfg, side == "ours-fit")
     if side in ("single-loop", "ours-loop"):
@@ -239,12 +252,16 @@ def _args(argv=None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=2, help="launches per side (2)")
     p.add_argument("--sides", default="single-fit,single-loop,ours-fit,ours-loop,mwms-loop,mwms-fit")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per launch")
+    p.add_argument("--pin", action="store_true",
+                   help="one core per process (rank r on core r; the single process on core 0), "
+                        "so one process and each of N get the same CPU")
     p.add_argument("--json", default=None)
     return p.parse_args(argv)
 
 
 def _measure(args) -> dict:
-    cfg = {k: getattr(args, k) for k in ("model", "batch", "warmup", "steps", "windows", "timeout")}
+    cfg = {k: getattr(args, k) for k in ("model", "batch", "warmup", "steps", "windows", "timeout",
+                                         "pin")}
     sides = args.sides.split(",")
     samples = {s: [] for s in sides}
     cpu = {s: [] for s in sides}
@@ -269,7 +286,7 @@ def _measure(args) -> dict:
 def _table(args, result: dict) -> str:
     stats = {s: (max(v), statistics.median(v)) for s, v in result["samples"].items() if v}
     lines = [f"Keras {args.model}, local batch {args.batch}, {args.np} processes x 1 thread "
-             "(weak scaling; shared, noisy CPU)",
+             f"{'pinned, one core each ' if args.pin else ''}(weak scaling; shared, noisy CPU)",
              f"{'side':<12} {'procs':>5} {'best/s':>8} {'median/s':>8} {'eff best':>8} "
              f"{'eff med':>8} {'cpu ms':>7}  baseline"]
     for side in result["samples"]:
