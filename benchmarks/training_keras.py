@@ -20,6 +20,9 @@ Sides (each in its own fresh processes, started by collectives.launch.run_local)
   ours-loop    N ranks, the single-loop step with hvd.DistributedGradientTape
   mwms-loop    N workers of tf.distribute.MultiWorkerMirroredStrategy (TF_CONFIG on
                localhost ports, gRPC collectives), the single-loop step under strategy.run
+  indep-fit    N processes of single-fit at once, no communication at all: what N
+  indep-loop   processes get from this machine (shared caches, memory bandwidth,
+               hypervisor); ours / indep is the cost of the communication alone
   mwms-fit     N MWMS workers with model.fit: tried once; on Keras 3 it fails in fit's
                symbolic build (keras-team/keras#20585), and the error is recorded
 With --pin every process is held to one core of its own (rank r on core r,
@@ -202,14 +205,16 @@ def _pin(cfg) -> None:
     of it (TensorFlow's, tf.data's, the engine's) included: set before TensorFlow starts any."""
     if cfg.get("pin"):
         cores = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cores[int(os.environ.get("HVS_RANK", "0")) % len(cores)]})
+        core = {cores[int(os.environ.get("HVS_RANK", "0")) % len(cores)]}
+        for tid in os.listdir("/proc/self/task"):  # (affinity is per thread; new ones inherit it)
+            os.sched_setaffinity(int(tid), core)
 
 
 def _side_body(side: str, cfg: dict, ports=None) -> list:
     _pin(cfg)
-    if side in ("single-fit", "ours-fit"):
+    if side in ("single-fit", "ours-fit", "indep-fit"):
         return _fit(cfg, side == "ours-fit")
-    if side in ("single-loop", "ours-loop"):
+    if side in ("single-loop", "ours-loop", "indep-loop"):
         return _loop(cfg, side == "ours-loop")
     return _mwms(cfg, ports, side == "mwms-fit")
 
@@ -303,6 +308,11 @@ def _table(args, result: dict) -> str:
         cpu = statistics.median(result["cpu_ms_per_step"][side])
         lines.append(f"{side:<12} {procs:>5} {stats[side][0]:>8.0f} {stats[side][1]:>8.0f} "
                      f"{eff[0]:>8.3f} {eff[1]:>8.3f} {cpu:>7.1f}  single-{style}")
+    for style in ("fit", "loop"):
+        if f"ours-{style}" in stats and f"indep-{style}" in stats:
+            best, med = (a / b for a, b in zip(stats[f"ours-{style}"], stats[f"indep-{style}"]))
+            lines.append(f"ours-{style} / indep-{style} throughput (the communication's cost): "
+                         f"best {best:.3f}, median {med:.3f}")
     if "ours-loop" in stats and "mwms-loop" in stats:
         best, med = (a / b for a, b in zip(stats["ours-loop"], stats["mwms-loop"]))
         lines.append(f"ours-loop / mwms-loop throughput: best {best:.3f}, median {med:.3f}")
