@@ -34,57 +34,19 @@ from ..errors import NotSupported, describe
 from ..types import DType, ReduceOp, numpy_of_dtype
 from ._device import clone as _clone, concat as _concat, empty_like as _empty_like, \
     is_torch as _is_torch
+from ._host import BF16 as _BF16, movable as _movable, narrow_bf16 as _narrow_bf16, \
+    pack as _pack, scale as _scale
 from ._streams import EngineStreams
 from .request import Request, Signature
 
 __all__ = ["Executor"]
 
 Response = Tuple[Signature, Optional[Request]]
-_BF16 = int(DType.BFLOAT16)
 _AVERAGE, _SUM = int(ReduceOp.AVERAGE), int(ReduceOp.SUM)
 # Plain dicts on the hot path: an enum lookup costs more than the copy of a small tensor.
 _NUMPY = {int(d): numpy_of_dtype(d) for d in DType}
 _STORAGE = {**_NUMPY, _BF16: np.dtype(np.float32)}  # what a fusion buffer holds
 _FUSED_DTYPE = {int(d): (DType.FLOAT32 if d == DType.BFLOAT16 else d) for d in DType}
-
-
-def _storage(dtype: int) -> np.dtype:
-    return _STORAGE[dtype]
-
-
-def _movable(flat: np.ndarray, dtype: int) -> np.ndarray:
-    """A view the communicator can move without reducing (bfloat16 travels as int16)."""
-    return flat.view(np.int16) if dtype == _BF16 else flat
-
-
-def _scale(x: np.ndarray, factor: float) -> None:
-    if factor != 1.0:
-        np.multiply(x, np.float32(factor) if x.dtype == np.float16 else factor, out=x,
-                    casting="unsafe")
-
-
-def _pack(dst: np.ndarray, req: Optional[Request], sig: Signature) -> None:
-    if req is None:
-        dst.fill(0)
-        return
-    src = req.buf.flat
-    if sig.dtype == _BF16:
-        u = dst.view(np.uint32)
-        u[...] = src
-        np.left_shift(u, 16, out=u)
-    else:
-        np.copyto(dst, src)
-    _scale(dst, sig.prescale)
-
-
-def _narrow_bf16(src: np.ndarray, out: np.ndarray) -> None:
-    u = src.view(np.uint32)
-    nan = np.isnan(src)
-    u += ((u >> 16) & 1) + np.uint32(0x7FFF)
-    np.right_shift(u, 16, out=u)
-    out[...] = u
-    if nan.any():
-        out[nan] = 0x7FC0
 
 
 class Executor:
@@ -399,9 +361,9 @@ class Executor:
         if req is not None and req.buf.kind == "cuda":
             return self._reducescatter_device(sig, req)
         if req is None:
-            x = np.zeros(sig.count, _storage(sig.dtype))
+            x = np.zeros(sig.count, _STORAGE[sig.dtype])
         elif sig.dtype == _BF16 or sig.prescale != 1.0:
-            x = np.empty(sig.count, _storage(sig.dtype))
+            x = np.empty(sig.count, _STORAGE[sig.dtype])
             _pack(x, req, sig)
         else:
             x = req.buf.flat
