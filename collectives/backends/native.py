@@ -23,7 +23,7 @@ from ..errors import CollectiveTimeout, PeerLostError, describe
 from ..types import DType, ReduceOp
 from .base import Backend
 
-__all__ = ["NativeBackend", "TUNING", "usable_cores"]
+__all__ = ["NativeBackend", "TUNING", "usable_cores", "host_cores"]
 
 #: Chunk sizes of the native algorithms (bytes); benchmarks may override them.
 TUNING = {
@@ -47,6 +47,21 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def host_cores(topology, pids) -> int:
+    """The cores this host's ranks may run on together: the union of their affinity masks,
+    so ranks pinned to a core each (taskset, `mpiexec --bind-to core`) count every core,
+    not one.  Where a peer's mask cannot be read (another pid namespace), this rank's own
+    mask stands for all of them."""
+    try:
+        cores = set(os.sched_getaffinity(0))
+        for r, host in enumerate(topology.hosts):
+            if host == topology.hosts[topology.rank] and r != topology.rank:
+                cores |= os.sched_getaffinity(int(pids[r]))
+    except (AttributeError, OSError, ValueError, IndexError):
+        return usable_cores()
+    return len(cores)
 
 
 def _alive(pid: int) -> bool:
@@ -75,7 +90,7 @@ class NativeBackend(Backend):
         opts.hosts = [order.index(h) for h in topo.hosts]
         opts.pids = [int(p) for p in mesh.pids]
         opts.timeout_s = float(config.timeout)
-        crowded = "crowded_" if topo.local_size > usable_cores() else ""
+        crowded = "crowded_" if topo.local_size > host_cores(topo, mesh.pids) else ""
         opts.spin_ns = int(tune[crowded + "spin_us"] * 1000)
         opts.yield_ns = int(tune[crowded + "yield_us"] * 1000)
         opts.shm_chunk = int(tune[crowded + "shm_chunk"] if crowded else tune["shm_chunk"])

@@ -5,6 +5,7 @@ forced TCP, and across two fake hosts (shared memory within each, TCP between
 their leaders).  One group of rank processes per world size and path: starting
 ranks is what costs time."""
 import os
+import time
 
 import pytest
 
@@ -100,3 +101,45 @@ def test_ranks_that_would_take_different_algorithms_fail_with_a_mismatch():
     results = run_local(_agree_on_cma, 2, args=(-1, {0: 1, 1: 0}), timeout=120)
     for r in results:
         assert "mismatch" in r and "disagree" in r["mismatch"], results
+
+
+def _pinned(core: int, conn) -> None:
+    os.sched_setaffinity(0, {core})
+    conn.recv()  # stay alive (and pinned) until the test has read this process's mask
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux affinity masks and two usable cores")
+def test_ranks_pinned_to_a_core_each_count_every_core_of_the_host_not_one():
+    # Each rank's own mask says one core; the host's ranks together have two, so two
+    # ranks are not crowded (they spin, then yield, before they sleep).
+    import multiprocessing as mp
+    from types import SimpleNamespace
+
+    from collectives.backends.native import host_cores
+
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    ctx = mp.get_context("spawn")
+    ends = [ctx.Pipe() for _ in cores]
+    procs = [ctx.Process(target=_pinned, args=(c, child)) for c, (_, child) in zip(cores, ends)]
+    for p in procs:
+        p.start()
+    try:
+        deadline = time.monotonic() + 60
+        while any(os.sched_getaffinity(p.pid) != {c} for p, c in zip(procs, cores)):
+            assert time.monotonic() < deadline, "the children never pinned themselves"
+            time.sleep(0.05)
+        topo = SimpleNamespace(hosts=("h", "h", "elsewhere"), rank=0)
+        before = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, {cores[0]})  # this process stands for rank 0, pinned too
+        try:
+            assert host_cores(topo, [os.getpid(), procs[1].pid, procs[0].pid]) == 2
+            # a peer whose mask can't be read (gone, or another pid namespace): own mask
+            assert host_cores(topo, [os.getpid(), 2 ** 22 + 12345, procs[0].pid]) == 1
+        finally:
+            os.sched_setaffinity(0, before)
+    finally:
+        for parent, _ in ends:
+            parent.send(None)
+        for p in procs:
+            p.join(30)
