@@ -5,7 +5,9 @@
     h.wait()
 
 Framework-free: buffers are numpy arrays (torch CPU tensors work too, through
-the communicator's buffer mapping).  See engine.py for the cycle.
+the communicator's buffer mapping), or CUDA tensors and arrays, whose ops run
+on the engine's own stream (_streams.py).  See engine.py for the cycle and
+scheduling.py for who runs it.
 """
 from __future__ import annotations
 
