@@ -177,28 +177,26 @@ def _ranks_command(script: str, n: int, *args: str) -> list:
     return launch + ["--hosts", hosts, os.path.join(HERE, "_shared_gpu.py"), script, *args]
 
 
-def test_every_op_matches_numpy_across_two_ranks():
-    proc = subprocess.run(_ranks_command(os.path.join(HERE, "_gpu_world.py"), 2),
-                          capture_output=True, text=True, timeout=300)
+def _run_ranks(script: str, n: int, ok: str) -> None:
+    """Run tests/gpu/<script> as n ranks (directly for one); each must print `ok`."""
+    path = os.path.join(HERE, script)
+    cmd = [sys.executable, path] if n == 1 else _ranks_command(path, n)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
-    assert proc.stdout.count("GPU WORLD OK") == 2, proc.stdout[-6000:]
+    assert proc.stdout.count(ok) == n, proc.stdout[-6000:]
+
+
+def test_every_op_matches_numpy_across_two_ranks():
+    _run_ranks("_gpu_world.py", 2, "GPU WORLD OK")
 
 
 @requires_torch_cuda
 @pytest.mark.parametrize("n", [1, 2])
 def test_a_cnn_trains_on_cuda_with_distributed_optimizer_like_one_full_batch_process(n):
-    script = os.path.join(HERE, "_gpu_cnn.py")
-    cmd = [sys.executable, script] if n == 1 else _ranks_command(script, n)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
-    assert proc.stdout.count("GPU CNN OK") == n, proc.stdout[-6000:]
+    _run_ranks("_gpu_cnn.py", n, "GPU CNN OK")
 
 
 @requires_torch_cuda
 @pytest.mark.parametrize("n", [1, 2])
 def test_hvd_ops_wait_for_the_callers_side_stream_and_their_results_are_ready_on_it(n):
-    script = os.path.join(HERE, "_gpu_streams.py")
-    cmd = [sys.executable, script] if n == 1 else _ranks_command(script, n)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
-    assert proc.stdout.count("GPU STREAMS OK") == n, proc.stdout[-6000:]
+    _run_ranks("_gpu_streams.py", n, "GPU STREAMS OK")
