@@ -189,14 +189,10 @@ class _DistributedOptimizer:
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
                                  "before optimizer.step() or optimizer.synchronize(). This is "
                                  "prohibited as it can cause a race condition.")
-        if not self._loose and set_to_none:
-            for bucket in self._buckets:
-                bucket.zero()
-            return None
-        result = super().zero_grad(set_to_none)
+        if self._loose or not set_to_none:
+            super().zero_grad(set_to_none)  # (a bucket's gradients are its views again below)
         for bucket in self._buckets:
             bucket.zero()
-        return result
 
 
 def auto_groups(params) -> int:
