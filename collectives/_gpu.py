@@ -22,7 +22,7 @@ from typing import Any, Mapping, Optional, Sequence, Tuple
 from .errors import CollectiveError, NotSupported, describe
 
 __all__ = ["select_device", "is_cuda_buffer", "check_exclusive_gpus", "gpu_addresses",
-           "DeviceBuffer", "device_buffer", "torch_stream", "import_cupy_nccl", "import_or_refuse",
+           "DeviceBuffer", "device_buffer", "torch_stream", "current_stream", "import_cupy_nccl", "import_or_refuse",
            "NCCL_INSTALL_HINT"]
 
 _SPARK_GPU_HINT = ("give every task its own GPU: spark.task.resource.gpu.amount=1 and "
@@ -165,6 +165,18 @@ def torch_stream(x) -> int:
     if raw is not None:
         return int(raw(x.device.index))
     return int(torch.cuda.current_stream(x.device).cuda_stream)
+
+
+def current_stream(x, device: int, cupy) -> int:
+    """The current stream (cudaStream_t as int) of x's framework on `device`: torch's for
+    a torch tensor, else CuPy's (x may be None)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        return torch_stream(x)
+    try:
+        return int(cupy.cuda.get_current_stream(device).ptr)
+    except TypeError:  # CuPy < 13 takes no device
+        return int(cupy.cuda.get_current_stream().ptr)
 
 
 def device_buffer(x, what: str = "tensor") -> DeviceBuffer:

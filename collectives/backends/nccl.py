@@ -30,7 +30,7 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 
 from .._gpu import NCCL_INSTALL_HINT as INSTALL_HINT
-from .._gpu import DeviceBuffer, device_buffer, import_cupy_nccl, torch_stream
+from .._gpu import DeviceBuffer, current_stream, device_buffer, import_cupy_nccl
 from ..config import Config
 from ..errors import CollectiveError, CollectiveTimeout, NotSupported, describe
 from ..types import DType, ReduceOp, numpy_of_dtype
@@ -108,13 +108,7 @@ class NcclBackend(Backend):
     # -- streams and buffers -----------------------------------------------
     def stream_of(self, x=None) -> int:
         """The current stream (cudaStream_t as int) of x's framework (CuPy's for None)."""
-        torch = sys.modules.get("torch")
-        if torch is not None and isinstance(x, torch.Tensor):
-            return torch_stream(x)
-        try:
-            return int(self._cupy.cuda.get_current_stream(self.device).ptr)
-        except TypeError:  # CuPy < 13 takes no device
-            return int(self._cupy.cuda.get_current_stream().ptr)
+        return current_stream(x, self.device, self._cupy)
 
     def _cupy_stream(self, ptr: int):
         """A CuPy stream object for `ptr` (cached), to run CuPy kernels and record events on."""

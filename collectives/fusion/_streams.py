@@ -24,19 +24,17 @@ freed on one stream is not handed out while the other may still use it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from typing import Dict, List
 
-from .._gpu import torch_stream
+from .._gpu import current_stream
+from ._device import is_torch as _is_torch
 
 __all__ = ["EngineStreams", "Done", "consume"]
 
 
-def _is_torch(x) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(x, torch.Tensor)
-
-
+@functools.lru_cache(maxsize=None)  # a hot path: import once (a failure is not cached)
 def _cupy():
     from .._gpu import import_cupy_nccl
 
@@ -49,13 +47,7 @@ def _device(x) -> int:
 
 def _current_stream(x) -> int:
     """The caller's current stream for x (cudaStream_t as int), in x's framework."""
-    if _is_torch(x):
-        return torch_stream(x)
-    cupy = _cupy()
-    try:
-        return int(cupy.cuda.get_current_stream(_device(x)).ptr)
-    except TypeError:  # CuPy < 13 takes no device
-        return int(cupy.cuda.get_current_stream().ptr)
+    return current_stream(x, _device(x), None if _is_torch(x) else _cupy())
 
 
 class _Stream:
