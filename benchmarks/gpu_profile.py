@@ -30,11 +30,11 @@ def main() -> int:
     import torch.distributed as dist
 
     import horovod_spark.torch as hvd
-    from gpu import resnet50_shapes
+    from gpu import _free_port, resnet50_shapes
 
     hvd.init()
     torch.cuda.set_device(0)
-    dist.init_process_group("nccl", init_method="tcp://127.0.0.1:29533", rank=0, world_size=1)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     t = torch.ones(1024, device="cuda")
     grads = [torch.ones(s, device="cuda") for s in resnet50_shapes()]
 
