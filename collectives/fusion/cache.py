@@ -34,6 +34,7 @@ class ResponseCache:
         self._by_name: Dict[str, Signature] = {}
         self._slots: List[Optional[Signature]] = []
         self._free: List[int] = []
+        self.version = 0  # counts changes (the lane's slots hold bits of one version)
 
     def __len__(self) -> int:
         """Number of bits in the coordination vector (free slots included)."""
@@ -66,6 +67,7 @@ class ResponseCache:
             bit = len(self._slots)
             self._slots.append(None)
         self._slots[bit] = sig
+        self.version += 1
         self._bit[sig] = bit
         self._by_name[sig.name] = sig
 
@@ -74,5 +76,6 @@ class ResponseCache:
         if old is None:
             return
         bit = self._bit.pop(old)
+        self.version += 1
         self._slots[bit] = None
         heapq.heappush(self._free, bit)

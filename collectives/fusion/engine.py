@@ -39,6 +39,7 @@ from . import coordinator as C
 from .cache import ResponseCache
 from .executor import Executor
 from .handle import Handle
+from .lane import LaneMixin, make_lane
 from .request import Request, Signature, make_request
 from .scheduling import IDLE_S, Scheduling
 from .stall import StallWatch
@@ -50,13 +51,15 @@ __all__ = ["FusionEngine", "IDLE_S"]
 _INT32, _SUM = DType.INT32, ReduceOp.SUM
 _METRICS = ("cycles", "caller_cycles", "negotiations", "tensors", "allreduce_tensors",
             "allreduce_bytes", "fused_buffers", "collectives", "collective_s", "coordination_s",
-            "thread_cpu_s")
+            "thread_cpu_s", "lane_handovers")
 
 
-class FusionEngine(Scheduling):
+class FusionEngine(Scheduling, LaneMixin):
     """Named async collectives over `comm`, negotiated and fused in a background thread."""
 
-    def __init__(self, comm, config=None) -> None:
+    def __init__(self, comm, config=None, lane: bool = False) -> None:
+        """lane: also make the C++ lane (lane.py) for callers outside Python, where the
+        backend is native; its lock becomes the engine's cycle lock."""
         self._comm = comm
         self._config = config if config is not None else comm.config
         self.rank, self.size = comm.rank, comm.size
@@ -83,11 +86,14 @@ class FusionEngine(Scheduling):
         self._mark_cycles = False
         self._stopped: Optional[tuple] = None  # (error class, text, cause)
         self._cycle_no, self._synced = 0, time.perf_counter()
-        self._cycle_lock = threading.Lock()  # one cycle at a time: the thread's or a driver's
+        self._lane_init(make_lane(comm) if lane else None)
+        # one cycle at a time: the thread's, a driver's or the lane's
+        self._cycle_lock = self._lane.lock if self._lane is not None else threading.Lock()
         self._cycle_owner: Optional[int] = None  # the thread ident of a driving caller
         self._drivers = 0  # callers inside _drive: the engine's thread leaves the cycles to them
         self._cuda = False  # True once a CUDA tensor is submitted (its cycles look for them)
         self._stall = StallWatch(comm, self._config, self.rank, self.size)
+        self._lane_update()
         self._thread = threading.Thread(target=self._run, name=f"fusion-engine-r{self.rank}",
                                         daemon=True)
         self._thread.start()
@@ -140,6 +146,7 @@ class FusionEngine(Scheduling):
         """Stop the engine on every rank (the others stop at their next cycle)."""
         with self._lock:
             self._shutdown_requested = True
+        self._lane_update()
         self._wake.set()
         if self._cycle_owner == threading.get_ident():
             return  # called inside this thread's own cycle (a signal handler): it goes out next
@@ -148,6 +155,8 @@ class FusionEngine(Scheduling):
         if self._thread.is_alive():
             self._stop(CollectiveTimeout, "the fusion engine did not stop within the timeout "
                        "(a peer may be gone)", None)
+        if self._lane is not None:  # before the communicator (and the lane's context) goes
+            self._lane.close(self._config.timeout + 5.0 if timeout is None else timeout)
 
     def metrics(self, reset: bool = False) -> dict:
         """Counters since the start or the last reset.
@@ -157,9 +166,13 @@ class FusionEngine(Scheduling):
         reduced on this rank), fused_buffers, collectives (data collectives run),
         collective_s (wall time inside them), coordination_s (wall time agreeing,
         waits for peers included) and thread_cpu_s (CPU time of the cycles, on the
-        engine's thread or a caller's).
+        engine's thread or a caller's).  With a lane (lane.py), its cycles count in
+        cycles, tensors, allreduce_*, collectives and collective_s, and lane_cycles and
+        lane_handovers (cycles it coordinated and the engine finished) are added.
         """
         out = dict(self._metrics)
+        if self._lane is not None:
+            self._lane_metrics(out, reset)
         if reset:
             for key in _METRICS:
                 self._metrics[key] = 0
@@ -174,9 +187,11 @@ class FusionEngine(Scheduling):
             self.stop_timeline()
             self._mark_cycles = mark_cycles
             self._executor.timeline = Timeline(path, self.rank)
+            self._lane_update()
 
     def stop_timeline(self) -> None:
         tl, self._executor.timeline = self._executor.timeline, None
+        self._lane_update()
         if tl is not None:
             tl.close()
 
@@ -205,17 +220,26 @@ class FusionEngine(Scheduling):
         tl = self._executor.timeline  # read once: a user thread may stop it meanwhile
         if self._mark_cycles and tl is not None:
             tl.mark("CYCLE_START", t0)
+        if self._lane is not None:
+            self._lane_sync()
         self._drain()
         if self.size == 1:
             return self._cycle_alone(t0)
         vec, payload = self._vector()
         self._comm.allreduce_flat(vec, vec, _INT32, _SUM, name="fusion.coordinate")
+        self._cycle_rest(vec, payload, t0)
+
+    def _cycle_rest(self, vec, payload: bytes, t0: float) -> None:
+        """The cycle after the coordination allreduce: `vec` is the sum, `payload` this
+        rank's announcements (the lane hands over a cycle it coordinated, here too)."""
         self._synced = time.perf_counter()
         res = self._layout.parse(vec)
         ready = [self._cache.at(bit) for bit in res.ready_bits]
         errors: list = []
         if res.negotiate or res.joined != self._last_joined:
             errors = self._negotiate(payload, res, ready)
+            if self._lane is not None:
+                self._lane_cache_changed()
         self._last_joined = res.joined
         t1 = time.perf_counter()
         self._metrics["cycles"] += 1
@@ -264,6 +288,7 @@ class FusionEngine(Scheduling):
             if isinstance(item, Handle):
                 self._joined = True
                 self._join_handles.append(item)
+                self._lane_update()
             else:
                 self._pending[item.name] = item
 
@@ -340,6 +365,7 @@ class FusionEngine(Scheduling):
         last = max(self._join_first.values())[1]
         handles, self._join_handles = self._join_handles, []
         self._joined, self._join_first = False, {}
+        self._lane_update()
         with self._lock:
             self._live_joins = [h for h in self._live_joins if h not in handles]
         for handle in handles:
@@ -355,6 +381,7 @@ class FusionEngine(Scheduling):
             self._queue = []
             reqs, self._live = list(self._live.values()), {}
             joins, self._live_joins = self._live_joins, []
+        self._lane_update()
         cls, text, cause = self._stopped
         self._pending, self._join_handles = {}, []
         for req in reqs:

@@ -84,7 +84,7 @@ class Scheduling:
                 self._guarded_cycle(reraise_interrupts=True)
                 self._metrics["thread_cpu_s"] += time.thread_time() - cpu
             if not handle._done:  # some rank has not submitted it yet: pace like the thread
-                delay = self._cycle_s - (time.perf_counter() - self._synced)
+                delay = self._cycle_s - (time.perf_counter() - self._last_synced())
                 if delay > 0:
                     time.sleep(delay)
 
@@ -106,9 +106,10 @@ class Scheduling:
         finally:
             self.stop_timeline()
 
-    def _guarded_cycle(self, reraise_interrupts: bool = False) -> None:
+    def _guarded_cycle(self, reraise_interrupts: bool = False, body=None) -> None:
+        """Run one cycle (or `body`, the rest of one: lane.py); a failure stops the engine."""
         try:
-            self._cycle()
+            (body or self._cycle)()
         except BaseException as exc:  # the cause goes to every waiting handle
             log.debug("fusion engine on rank %d stopped: %r", self.rank, exc)
             cls = type(exc) if isinstance(exc, CollectiveError) else CollectiveError
@@ -126,7 +127,7 @@ class Scheduling:
             return False  # a waiting caller cycles (and so heartbeats) meanwhile
         if self._queue or self._joined or self._shutdown_requested:
             return True
-        since = time.perf_counter() - self._synced
+        since = time.perf_counter() - self._last_synced()
         if self._pending:
             return kicked or since >= self._cycle_s
         return since >= IDLE_S
@@ -143,12 +144,12 @@ class Scheduling:
             # Counted from the end of the last coordination, which every rank left at
             # nearly the same moment: the ranks' cycles stay in step and nobody spins
             # long in the next coordination waiting for a peer.
-            delay = self._cycle_s - (time.perf_counter() - self._synced)
+            delay = self._cycle_s - (time.perf_counter() - self._last_synced())
             if delay > 0:
                 self._kick.wait(delay)
         else:
             self._wake.clear()
-            idle = IDLE_S - (time.perf_counter() - self._synced)  # callers' cycles count too
+            idle = IDLE_S - (time.perf_counter() - self._last_synced())  # callers' cycles count too
             # (a caller may have drained the queue into _pending meanwhile: look again)
             if not (self._queue or self._pending) and self._wake.wait(max(idle, 0.0)) and \
                     self._cycle_s > 0:

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "context.h"
+#include "lane/lane.h"
 #include "reduce.h"
 #include "shm/segment.h"
 
@@ -214,6 +215,77 @@ void bind_context(py::module_& m) {
       }, "seq"_a = -1);
 }
 
+// A Lane with what its errors need; kept alive by Python for as long as the process
+// (a TensorFlow graph holds its address), closed when its engine stops.
+struct PyLane {
+  PyLane(PyContext& c)
+      : lane(new Lane(c.ctx_.get(), c.ctx_->options().rank, c.ctx_->options().size)),
+        where(Where{c.ctx_->options().rank, c.ctx_->options().size, &c.addresses_,
+                    c.ctx_->options().timeout_s}),
+        addresses(c.addresses_) {
+    where.addresses = &addresses;
+  }
+  std::unique_ptr<Lane> lane;
+  Where where;
+  std::vector<std::string> addresses;
+};
+
+void bind_lane(py::module_& m) {
+  py::class_<CycleLock>(m, "CycleLock",
+                        "The fusion engine's cycle lock, shared with its lane (any thread may release it).")
+      .def("acquire", [](CycleLock& l, bool blocking, double timeout) {
+        if (!blocking) return l.try_acquire();
+        py::gil_scoped_release nogil;
+        return l.acquire(timeout);
+      }, "blocking"_a = true, "timeout"_a = -1.0)
+      .def("release", &CycleLock::release)
+      .def("locked", &CycleLock::locked)
+      .def("__enter__", [](CycleLock& l) {
+        py::gil_scoped_release nogil;
+        l.acquire();
+      })
+      .def("__exit__", [](CycleLock& l, py::args) { l.release(); });
+
+  py::class_<PyLane>(m, "Lane", "The C++ steady-state cycle for armed ops (native/src/lane/lane.h).")
+      .def(py::init<PyContext&>(), "context"_a)
+      .def_property_readonly("lock", [](PyLane& l) { return &l.lane->lock; },
+                             py::return_value_policy::reference_internal)
+      .def("arm", [](PyLane& l, int slot, int bit, size_t count, int dtype, double postscale,
+                     int64_t generation) {
+        l.lane->arm(slot, bit, count, dtype_arg(dtype), postscale, generation);
+      }, "slot"_a, "bit"_a, "count"_a, "dtype"_a, "postscale"_a, "generation"_a)
+      .def("set_cache", [](PyLane& l, int64_t nbits, int64_t generation) {
+        l.lane->set_cache(nbits, generation);
+      }, "nbits"_a, "generation"_a)
+      .def("set_enabled", [](PyLane& l, bool on) { l.lane->set_enabled(on); }, "on"_a)
+      .def("close", [](PyLane& l, double timeout) {
+        py::gil_scoped_release nogil;
+        l.lane->close(timeout);
+      }, "timeout"_a)
+      .def("take_uses", [](PyLane& l) { return l.lane->take_uses(); })
+      .def("result", [](PyLane& l) { return l.lane->result(); },
+           "The summed coordination vector of the cycle handed over.")
+      .def("raise_error", [](PyLane& l) { raise_status(l.lane->error(), l.where, "allreduce", -1); })
+      .def("run", [](PyLane& l, int slot, py::buffer src, py::buffer dst) {
+        Buffer s = buffer_of(src, false, "src"), d = buffer_of(dst, true, "dst");
+        if (s.bytes != d.bytes) throw py::value_error("lane run: src and dst differ in size");
+        py::gil_scoped_release nogil;
+        return l.lane->run(slot, s.ptr, d.ptr, s.bytes);
+      }, "slot"_a, "src"_a, "dst"_a, "One op as the TensorFlow op runs it; returns its LaneCode.")
+      .def_property_readonly("address", [](PyLane& l) { return reinterpret_cast<uintptr_t>(l.lane.get()); })
+      .def_property_readonly("synced", [](PyLane& l) { return l.lane->synced_ns() * 1e-9; })
+      .def_property_readonly("cycles", [](PyLane& l) { return l.lane->cycles(); })
+      .def_property_readonly("bytes", [](PyLane& l) { return l.lane->bytes(); })
+      .def_property_readonly("collective_s", [](PyLane& l) { return l.lane->collective_s(); });
+  m.attr("LANE_RUN") = reinterpret_cast<uintptr_t>(&hvs_lane_run);
+  py::dict codes;
+  codes["done"] = static_cast<int>(kLaneDone);
+  codes["fallback"] = static_cast<int>(kLaneFallback);
+  codes["handover"] = static_cast<int>(kLaneHandover);
+  codes["error"] = static_cast<int>(kLaneError);
+  m.attr("LANE_CODES") = codes;
+}
+
 void bind_segment(py::module_& m) {
   // attach returns None while the segment is not there yet (the caller retries).
   auto make = [](bool create, const std::string& name, int nranks, size_t slot_bytes,
@@ -266,4 +338,5 @@ PYBIND11_MODULE(_native, m) {
   hvs::bind_kernels(m);
   hvs::bind_segment(m);
   hvs::bind_context(m);
+  hvs::bind_lane(m);
 }

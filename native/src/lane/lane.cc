@@ -1,0 +1,161 @@
+// The lane (lane.h): the engine's steady-state cycle for one armed op, in C++.
+#include "lane/lane.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "clock.h"
+
+namespace hvs {
+
+namespace {
+
+constexpr int32_t kData = 1 + (1 << 16);  // collectives/fusion/coordinator.py: DATA
+
+template <typename T>
+void scale(void* buf, size_t count, double factor) {
+  // As numpy's multiply by a scalar of the array's own type (the engine's postscale).
+  const T f = static_cast<T>(factor);
+  T* p = static_cast<T*>(buf);
+  for (size_t i = 0; i < count; ++i) p[i] *= f;
+}
+
+}  // namespace
+
+bool CycleLock::try_acquire() {
+  std::lock_guard<std::mutex> g(m_);
+  if (held_) return false;
+  held_ = true;
+  return true;
+}
+
+bool CycleLock::acquire(double timeout_s) {
+  std::unique_lock<std::mutex> g(m_);
+  if (timeout_s < 0) {
+    cv_.wait(g, [this] { return !held_; });
+  } else if (!cv_.wait_for(g, std::chrono::duration<double>(timeout_s), [this] { return !held_; })) {
+    return false;
+  }
+  held_ = true;
+  return true;
+}
+
+void CycleLock::release() {
+  {
+    std::lock_guard<std::mutex> g(m_);
+    held_ = false;
+  }
+  cv_.notify_one();
+}
+
+bool CycleLock::locked() {
+  std::lock_guard<std::mutex> g(m_);
+  return held_;
+}
+
+Lane::Lane(Context* ctx, int rank, int size) : ctx_(ctx), rank_(rank), size_(size) {}
+
+void Lane::arm(int slot, int bit, size_t count, DType dt, double postscale, int64_t generation) {
+  std::lock_guard<std::mutex> g(slots_mu_);
+  if (slot < 0) return;
+  if (postscale != 1.0 && dt != DType::kFloat32 && dt != DType::kFloat64) return;  // scale() has two
+  if (static_cast<size_t>(slot) >= slots_.size()) slots_.resize(slot + 1);
+  Slot& s = slots_[slot];
+  s.armed = true, s.bit = bit, s.count = count, s.dtype = dt, s.postscale = postscale;
+  s.generation = generation;
+}
+
+void Lane::set_cache(int64_t nbits, int64_t generation) {
+  std::lock_guard<std::mutex> g(slots_mu_);
+  nbits_ = nbits, generation_ = generation;
+}
+
+void Lane::close(double timeout_s) {
+  enabled_.store(false);
+  bool got = lock.acquire(timeout_s);
+  ctx_ = nullptr;
+  if (got) lock.release();
+}
+
+std::vector<std::pair<uint64_t, int>> Lane::take_uses() {
+  std::lock_guard<std::mutex> g(slots_mu_);
+  std::vector<std::pair<uint64_t, int>> out;
+  if (size_ == 1) {  // a world of one has no cache to keep in step
+    used_.clear();
+    return out;
+  }
+  std::sort(used_.begin(), used_.end());
+  used_.erase(std::unique(used_.begin(), used_.end()), used_.end());
+  for (int slot : used_) {
+    const Slot& s = slots_[slot];
+    if (s.armed && s.generation == generation_) out.emplace_back(s.last_use, s.bit);
+  }
+  used_.clear();
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+bool Lane::usable(int slot, size_t bytes, Slot* out) {
+  std::lock_guard<std::mutex> g(slots_mu_);
+  if (slot < 0 || static_cast<size_t>(slot) >= slots_.size()) return false;
+  const Slot& s = slots_[slot];
+  if (!s.armed || s.generation != generation_ || (size_ > 1 && (s.bit < 0 || s.bit >= nbits_)) ||
+      s.count * itemsize(s.dtype) != bytes)
+    return false;
+  *out = s;
+  return true;
+}
+
+int Lane::fail(Status st) {
+  error_ = std::move(st);
+  lock.release();
+  return kLaneError;
+}
+
+int Lane::run(int slot, const void* in, void* out, size_t bytes) {
+  if (!enabled_.load()) return kLaneFallback;
+  lock.acquire();
+  Context* ctx = ctx_;
+  Slot s;
+  if (ctx == nullptr || !enabled_.load() || !usable(slot, bytes, &s)) {
+    lock.release();
+    return kLaneFallback;
+  }
+  if (size_ > 1) {
+    const size_t base = 1 + 3 * static_cast<size_t>(size_);
+    const size_t n = base + static_cast<size_t>(nbits_);
+    vec_.assign(n, 0);
+    vec_[base + s.bit] = kData;
+    Status st = ctx->fail(ctx->allreduce(vec_.data(), vec_.data(), n, DType::kInt32, ReduceOp::kSum));
+    if (!st.ok()) return fail(std::move(st));
+    synced_ns_.store(now_ns());
+    expect_.assign(n, 0);
+    expect_[base + s.bit] = kData * size_;
+    if (vec_ != expect_) return kLaneHandover;  // the engine finishes this cycle
+  } else {
+    synced_ns_.store(now_ns());
+  }
+  const uint64_t t0 = now_ns();
+  Status st = ctx->fail(ctx->allreduce(in, out, s.count, s.dtype, ReduceOp::kSum));
+  if (!st.ok()) return fail(std::move(st));
+  if (s.postscale != 1.0) {
+    if (s.dtype == DType::kFloat32) scale<float>(out, s.count, s.postscale);
+    else if (s.dtype == DType::kFloat64) scale<double>(out, s.count, s.postscale);
+  }
+  collective_ns_ += now_ns() - t0;
+  cycles_ += 1;
+  bytes_ += bytes;
+  {
+    std::lock_guard<std::mutex> g(slots_mu_);
+    slots_[slot].last_use = ++uses_;
+    used_.push_back(slot);
+  }
+  lock.release();
+  return kLaneDone;
+}
+
+}  // namespace hvs
+
+extern "C" int hvs_lane_run(void* lane, int slot, const void* in, void* out, int64_t bytes) {
+  return static_cast<hvs::Lane*>(lane)->run(slot, in, out, static_cast<size_t>(bytes));
+}

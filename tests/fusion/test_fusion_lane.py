@@ -1,0 +1,46 @@
+"""The fusion engine's lane (collectives/fusion/lane.py, native/src/lane) on real
+local ranks: an armed op runs in C++ and pairs with Python cycles on other ranks;
+joins, new names and a lost peer go through the engine as they would without it."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import _lane_checks as checks
+from collectives.launch import RankFailed, run_local
+
+
+@pytest.mark.parametrize("plan", ["lane", "mixed"])
+@pytest.mark.parametrize("size", [2, 3])
+def test_an_armed_op_runs_in_the_lane_and_matches_numpy(plan, size):
+    per_rank = run_local(checks.steady_state, size, args=(plan,), timeout=180)
+    for r, res in enumerate(per_rank):
+        assert res["bad"] == [], (r, res["bad"][:3])
+        # the first run of each name arms its slot; after that the lane runs most of them
+        assert res["codes"].count(checks.DONE) >= len(res["codes"]) // 2, (r, res["codes"])
+        assert res["lane_cycles"] == res["codes"].count(checks.DONE), (r, res)
+
+
+def test_python_only_ranks_agree_with_the_lane():
+    per_rank = run_local(checks.steady_state, 2, args=("python", 20), timeout=120)
+    assert all(res["bad"] == [] and res["lane_cycles"] == 0 for res in per_rank), per_rank
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_a_join_hands_the_lanes_cycle_to_the_engine(size):
+    per_rank = run_local(checks.a_join_hands_the_cycle_over, size, timeout=120)
+    for res in per_rank[:-1]:
+        assert res["code"] == checks._native.LANE_CODES["handover"], res
+        assert res["equal"] and res["handovers"] >= 1, res
+    assert len({res["last_joined"] for res in per_rank}) == 1, per_rank
+
+
+def test_a_lost_peer_fails_the_lane_with_the_cause(tmp_path):
+    with pytest.raises(RankFailed) as info:
+        run_local(checks.a_lost_peer_fails_the_lane_fast, 2, args=(str(tmp_path),), timeout=120)
+    assert info.value.rank == 1
+    got = json.loads((tmp_path / "lost.json").read_text())
+    assert "rank 0/2" in got["first"] and "shut down" not in got["first"], got
+    assert got["first"].startswith(("PeerLostError", "CollectiveTimeout")), got
+    assert "after" in got["later"] and "failure" in got["later"], got
