@@ -52,7 +52,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.9",
     packages=find_packages(include=["collectives", "collectives.*", "horovod_spark", "horovod_spark.*"]),
-    package_data={"collectives": ["py.typed"], "horovod_spark": ["py.typed"]},
+    package_data={"collectives": ["py.typed"], "horovod_spark": ["py.typed", "tensorflow/lane_op.cc"]},
     ext_modules=[native],
     install_requires=["numpy", "cloudpickle", "pyspark>=3.5", "pyarrow", "psutil", "tqdm"],
     extras_require={

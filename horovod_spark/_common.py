@@ -48,10 +48,13 @@ class HorovodState:
         package: the adapter's public name, for the not-initialized message.
         module: the module whose `STATE` is this object (what pickles refer to).
         on_init: called under the lock when init() has made a new communicator.
+        lane: give the engine its C++ lane (collectives/fusion/lane.py), for an adapter
+            whose ops call it from C++ (TensorFlow's).
     """
 
-    def __init__(self, package: str, module: str, on_init: Optional[Callable[[], None]] = None) -> None:
-        self.package, self.module, self._on_init = package, module, on_init
+    def __init__(self, package: str, module: str, on_init: Optional[Callable[[], None]] = None,
+                 lane: bool = False) -> None:
+        self.package, self.module, self._on_init, self._lane = package, module, on_init, lane
         self._lock = threading.Lock()
         self._comm: Optional[collectives.Communicator] = None
         self._engine: Optional[FusionEngine] = None
@@ -79,7 +82,8 @@ class HorovodState:
                 raise TypeError(f"init(comm=...) takes a collectives.Communicator, got "
                                 f"{type(comm).__name__}; MPI sub-communicators are not supported")
             comm = comm if comm is not None else collectives.init(config)
-            self._engine = FusionEngine(comm, config if config is not None else comm.config)
+            self._engine = FusionEngine(comm, config if config is not None else comm.config,
+                                        lane=self._lane)
             self._comm = comm
             if self._on_init is not None:
                 self._on_init()

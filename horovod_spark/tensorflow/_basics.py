@@ -33,7 +33,7 @@ def _pin_gpu() -> None:
             pass
 
 
-STATE = HorovodState("horovod_spark.tensorflow", __name__, on_init=_pin_gpu)
+STATE = HorovodState("horovod_spark.tensorflow", __name__, on_init=_pin_gpu, lane=True)
 
 init, shutdown, is_initialized = STATE.init, STATE.shutdown, STATE.is_initialized
 communicator, engine = STATE.communicator, STATE.engine

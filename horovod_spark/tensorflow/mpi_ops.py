@@ -20,7 +20,7 @@ import tensorflow as tf
 from collectives import NotSupported, ReduceOp
 from collectives.errors import describe
 
-from . import _basics, _kernels
+from . import _basics, _kernels, _lane_op
 from ._bridge import call, from_wire, op_name, to_wire
 from .compression import Compression
 
@@ -47,6 +47,10 @@ def resolve_op(op, average, what: str = "allreduce") -> ReduceOp:
 
 # -- allreduce -------------------------------------------------------------
 def _allreduce_raw(xs: Sequence[tf.Tensor], names, op: ReduceOp, pre: float, post: float) -> list:
+    if len(xs) == 1 and pre == 1.0:  # in a tf.function: the native op, if it applies
+        out = _lane_op.allreduce(tf, xs[0], names[0], op, post)
+        if out is not None:
+            return [out]
     wire = [to_wire(x) for x in xs]
     outs = call(lambda *a: _kernels.allreduce_group(a, names, op, pre, post), wire,
                 [w.dtype for w in wire], [x.shape for x in xs], names[0])

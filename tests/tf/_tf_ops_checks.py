@@ -340,6 +340,48 @@ def distributed_gradient_tape_keeps_nesting_and_none_gradients():
     assert grads["rest"][1] is None
 
 
+
+@check
+def allreduce_in_tf_function_runs_the_native_op_through_the_lane():
+    """Inside a tf.function a dense float allreduce is the native op (lane_op.cc): after
+    its first run the engine's lane runs it without Python, with the bits of the
+    tf.numpy_function path (HOROVOD_SPARK_TF_LANE=0), which the same steps repeat."""
+    import os
+
+    from horovod_spark.tensorflow import _basics
+
+    tf, hvd, r, n = _setup()
+    eng = _basics.engine()
+
+    def step_fn():
+        @tf.function
+        def step(x):
+            return hvd.allreduce(x, name="lane.step", op=hvd.Average, postscale_factor=0.5)
+        return step
+
+    def kinds(fn, x):
+        return {op.type for op in fn.get_concrete_function(x).graph.get_operations()}
+
+    xs = [tf.constant(value(r, (64, 33)) + k) for k in range(12)]
+    fast = step_fn()
+    assert "HvsLaneAllreduce" in kinds(fast, xs[0]), kinds(fast, xs[0])
+    before = eng.metrics()["lane_cycles"]
+    got = [fast(x).numpy() for x in xs]
+    lane_cycles = eng.metrics()["lane_cycles"] - before
+    assert lane_cycles >= len(xs) // 2, lane_cycles  # the first run armed it
+    for k, g in enumerate(got):
+        want = sum(value(q, (64, 33)) + k for q in range(n)) / n * 0.5
+        close(g, want)
+    os.environ["HOROVOD_SPARK_TF_LANE"] = "0"
+    try:
+        slow = step_fn()
+        assert "HvsLaneAllreduce" not in kinds(slow, xs[0]), kinds(slow, xs[0])
+        ref = [slow(x).numpy() for x in xs]
+    finally:
+        del os.environ["HOROVOD_SPARK_TF_LANE"]
+    for g, w in zip(got, ref):
+        np.testing.assert_array_equal(g, w)
+
 @check
 def a_group_of_one_dtype_travels_packed_and_mixed_dtypes_do_not():
     from horovod_spark.tensorflow import _basics

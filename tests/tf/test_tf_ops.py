@@ -122,6 +122,10 @@ def test_the_timeline_records_tf_ops_by_name(results):
     _ok(results, "the_timeline_records_tf_ops_by_name")
 
 
+def test_allreduce_in_tf_function_runs_the_native_op_through_the_lane(results):
+    _ok(results, "allreduce_in_tf_function_runs_the_native_op_through_the_lane")
+
+
 def test_a_mismatch_across_ranks_is_named_on_every_rank(results):
     _ok(results, "a_mismatch_across_ranks_is_named_on_every_rank")
 
