@@ -1,9 +1,10 @@
 """How a TensorFlow op reaches a numpy kernel (see `_kernels`).
 
 Eager: the kernel runs at once on the tensors' values.  Inside a tf.function:
-the kernel runs as a stateful `tf.numpy_function`, so TensorFlow keeps our ops
-in program order (every rank issues its collectives in one order) and never
-prunes them, and the outputs get their static shapes back with `set_shape`.
+the kernel runs as a stateful `tf.numpy_function` (a dense float allreduce runs
+as the native op of `_lane_op` instead), so TensorFlow keeps our ops in program
+order (every rank issues its collectives in one order) and never prunes them,
+and the outputs get their static shapes back with `set_shape`.
 The kernels take numpy arrays, and numpy has no bfloat16, so bfloat16 travels
 as float32 (reduced in float32, rounded once on the way back).
 
