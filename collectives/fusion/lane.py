@@ -151,8 +151,13 @@ class LaneMixin:
         t0 = time.perf_counter()
         self._cycle_owner = threading.get_ident()
         try:
-            req = make_request(name, "allreduce", src, dst, op, 1.0, postscale, 0, None, None,
-                               self.rank, self.size, self._on_wait)
+            try:
+                req = make_request(name, "allreduce", src, dst, op, 1.0, postscale, 0, None, None,
+                                   self.rank, self.size, self._on_wait)
+            except Exception as exc:  # the peers are inside this cycle: leave it stopped, not half-done
+                self._stop(CollectiveError, f"the fusion engine stopped after a failure: "
+                           f"{type(exc).__name__}: {exc}", exc)
+                raise
             req.announced = True  # cached: the lane set its bit
             with self._lock:
                 self._raise_if_stopped("allreduce", req.sig.tensor())
