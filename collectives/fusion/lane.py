@@ -37,7 +37,7 @@ from .request import make_request
 __all__ = ["LaneMixin", "make_lane"]
 
 _LANES: list = []  # every lane ever made: a TensorFlow graph may hold its address
-_SCALABLE = (DType.FLOAT32, DType.FLOAT64)  # the dtypes whose postscale the lane applies
+_SCALABLE = (DType.FLOAT16, DType.FLOAT32, DType.FLOAT64)  # the dtypes whose postscale the lane applies
 
 
 def make_lane(comm):

@@ -49,7 +49,8 @@ _bound = [None]
 _CALLBACK_T = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
                                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                ctypes.c_int64)
-_CTYPES = {np.dtype(np.float32): ctypes.c_float, np.dtype(np.float64): ctypes.c_double}
+_CTYPES = {np.dtype(np.float16): ctypes.c_uint16, np.dtype(np.float32): ctypes.c_float,
+           np.dtype(np.float64): ctypes.c_double}
 
 
 def enabled() -> bool:
@@ -134,7 +135,8 @@ def _array(address: int, nbytes: int, dtype: np.dtype) -> np.ndarray:
     n = nbytes // dtype.itemsize
     if n == 0:
         return np.zeros(0, dtype)
-    return np.ctypeslib.as_array(ctypes.cast(address, ctypes.POINTER(_CTYPES[dtype])), shape=(n,))
+    return np.ctypeslib.as_array(ctypes.cast(address, ctypes.POINTER(_CTYPES[dtype])),
+                                 shape=(n,)).view(dtype)
 
 
 @_CALLBACK_T
@@ -161,10 +163,12 @@ def _callback(code, lane, slot, src, dst, nbytes, err, errlen):
 
 def allreduce(tf, x, name: str, op: ReduceOp, post: float) -> Optional[object]:
     """x allreduced by the native op, inside a tf.function; None where the op does not
-    apply (eager mode, other dtypes or ops, no native lane): the caller's path runs."""
+    apply (eager mode, dtypes other than float16/32/64, ops other than Sum and Average, no
+    native lane): the caller's path runs."""
     if tf.executing_eagerly() or not enabled() or op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
         return None
-    dtype = np.dtype(x.dtype.as_numpy_dtype) if x.dtype in (tf.float32, tf.float64) else None
+    dtype = (np.dtype(x.dtype.as_numpy_dtype) if x.dtype in (tf.float16, tf.float32, tf.float64)
+             else None)
     if dtype is None or not x.shape.is_fully_defined() or x.shape.num_elements() == 0:
         return None
     if _basics.engine().lane is None:  # another backend (MPI): numpy_function as before

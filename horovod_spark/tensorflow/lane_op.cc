@@ -45,7 +45,7 @@ using tensorflow::Tensor;
 REGISTER_OP("HvsLaneAllreduce")
     .Input("tensor: T")
     .Output("reduced: T")
-    .Attr("T: {float, double}")
+    .Attr("T: {half, float, double}")
     .Attr("slot: int")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::UnchangedShape);

@@ -45,14 +45,16 @@ def lane_allreduce(eng, slot: int, name: str, src: np.ndarray, op=ReduceOp.AVERA
 def steady_state(plan: str, steps: int = 60) -> dict:
     """Every rank runs `steps` allreduces of one name, each in the lane or through
     `submit` as `plan` says ('lane', 'python', or 'mixed': it depends on rank and
-    step, so lane and Python cycles pair up across ranks), in float32 and float64."""
+    step, so lane and Python cycles pair up across ranks), in float32, float64 and
+    float16 (whose postscale rounds as numpy's does)."""
     comm = collectives.init()
     eng = FusionEngine(comm, lane=True)
     r, size = comm.rank, comm.size
     codes, bad = [], []
-    for dtype, n, op, post in ((np.float32, 80000, ReduceOp.AVERAGE, 1.0),
-                               (np.float64, 1000, ReduceOp.SUM, 0.5)):
-        name, slot = f"g.{np.dtype(dtype).name}", 3 if dtype is np.float32 else 4
+    for slot, (dtype, n, op, post) in enumerate(((np.float32, 80000, ReduceOp.AVERAGE, 1.0),
+                                                 (np.float64, 1000, ReduceOp.SUM, 0.5),
+                                                 (np.float16, 999, ReduceOp.AVERAGE, 1.0))):
+        name = f"g.{np.dtype(dtype).name}"
         for step in range(steps):
             src = data(r, step, n, dtype)
             lane = plan == "lane" or (plan == "mixed" and (r + step) % 3 != 0)

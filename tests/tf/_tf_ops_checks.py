@@ -381,6 +381,20 @@ def allreduce_in_tf_function_runs_the_native_op_through_the_lane():
         del os.environ["HOROVOD_SPARK_TF_LANE"]
     for g, w in zip(got, ref):
         np.testing.assert_array_equal(g, w)
+    # float16, as Compression.fp16 sends gradients: the lane's postscale rounds like numpy's
+    halves = [tf.constant(value(r, (40,), np.float16) + k) for k in range(6)]
+
+    @tf.function
+    def half_step(x):
+        return hvd.allreduce(x, name="lane.half", op=hvd.Average)
+
+    assert "HvsLaneAllreduce" in kinds(half_step, halves[0])
+    before = eng.metrics()["lane_cycles"]
+    got16 = [half_step(x).numpy() for x in halves]
+    assert eng.metrics()["lane_cycles"] - before >= len(halves) // 2
+    for k, g in enumerate(got16):
+        total = sum(value(q, (40,), np.float16) + np.float16(k) for q in range(n))
+        np.testing.assert_array_equal(g, total * np.float16(1.0 / n))
 
 @check
 def a_group_of_one_dtype_travels_packed_and_mixed_dtypes_do_not():

@@ -12,12 +12,14 @@ namespace {
 
 constexpr int32_t kData = 1 + (1 << 16);  // collectives/fusion/coordinator.py: DATA
 
-template <typename T>
+// As numpy's multiply by a scalar of the array's own type (the engine's postscale):
+// float16 rounds the factor to float16, multiplies in float (exact for two halves)
+// and rounds the product back, as numpy's half loop does.
+template <typename T, typename Compute = T>
 void scale(void* buf, size_t count, double factor) {
-  // As numpy's multiply by a scalar of the array's own type (the engine's postscale).
-  const T f = static_cast<T>(factor);
+  const Compute f = static_cast<Compute>(static_cast<T>(factor));
   T* p = static_cast<T*>(buf);
-  for (size_t i = 0; i < count; ++i) p[i] *= f;
+  for (size_t i = 0; i < count; ++i) p[i] = static_cast<T>(static_cast<Compute>(p[i]) * f);
 }
 
 }  // namespace
@@ -58,7 +60,8 @@ Lane::Lane(Context* ctx, int rank, int size) : ctx_(ctx), rank_(rank), size_(siz
 void Lane::arm(int slot, int bit, size_t count, DType dt, double postscale, int64_t generation) {
   std::lock_guard<std::mutex> g(slots_mu_);
   if (slot < 0) return;
-  if (postscale != 1.0 && dt != DType::kFloat32 && dt != DType::kFloat64) return;  // scale() has two
+  if (postscale != 1.0 && dt != DType::kFloat16 && dt != DType::kFloat32 && dt != DType::kFloat64)
+    return;  // the dtypes scale() handles
   if (static_cast<size_t>(slot) >= slots_.size()) slots_.resize(slot + 1);
   Slot& s = slots_[slot];
   s.armed = true, s.bit = bit, s.count = count, s.dtype = dt, s.postscale = postscale;
@@ -141,6 +144,7 @@ int Lane::run(int slot, const void* in, void* out, size_t bytes) {
   if (s.postscale != 1.0) {
     if (s.dtype == DType::kFloat32) scale<float>(out, s.count, s.postscale);
     else if (s.dtype == DType::kFloat64) scale<double>(out, s.count, s.postscale);
+    else if (s.dtype == DType::kFloat16) scale<_Float16, float>(out, s.count, s.postscale);
   }
   collective_ns_ += now_ns() - t0;
   cycles_ += 1;
