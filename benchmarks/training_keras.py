@@ -2,6 +2,7 @@
 
     python benchmarks/training_keras.py                  # the CNN, batch 32, 2 ranks
     python benchmarks/training_keras.py --model mlp --batch 64 --rounds 3
+    python benchmarks/training_keras.py --pin --overhead        # cost per step, one launch
 
 Models: `cnn` is the small CNN of benchmarks/training.py (3x32x32 inputs, two
 conv+pool blocks, 64-unit dense; 0.3 MB of gradients); `mlp` is 784-512-512-10
@@ -25,6 +26,14 @@ Sides (each in its own fresh processes, started by collectives.launch.run_local)
                hypervisor); ours / indep is the cost of the communication alone
   mwms-fit     N MWMS workers with model.fit: tried once; on Keras 3 it fails in fit's
                symbolic build (keras-team/keras#20585), and the error is recorded
+--overhead measures instead what a step of ours costs over a plain step *within one
+launch* (launch-to-launch drift on a shared VM is often 30%, far more than the cost):
+each process builds one model and three tf.function steps -- plain, `hvd` (the
+DistributedGradientTape step as it runs: the native op and the engine's lane) and `hvd`
+traced with HOROVOD_SPARK_TF_LANE=0 (the tf.numpy_function path) -- and times blocks of
+--steps steps of each in turn (the order alternates), in a world of one and of N.  The
+table gives the median per-step time of each and the median, over blocks, of each hvd
+step's excess over the plain block next to it.
 With --pin every process is held to one core of its own (rank r on core r,
 the single process on core 0), its helper threads (tf.data's prefetch, the
 engine's) included; without it the single process's helpers run on the
@@ -48,7 +57,6 @@ import socket
 import statistics
 import sys
 import time
-import traceback
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, REPO)
@@ -200,6 +208,81 @@ def _mwms(cfg, ports, use_fit: bool) -> list:
     return _windows(stamps, cfg)
 
 
+def _overhead(cfg) -> dict:
+    """Per-block seconds per step of the plain, hvd (native op) and hvd-numpy steps."""
+    import keras
+    import tensorflow as tf
+
+    import horovod_spark.tensorflow as hvd
+    from horovod_spark.tensorflow import _basics
+
+    hvd.init()
+    model, opt, loss_fn = _model(keras, cfg["model"]), keras.optimizers.SGD(0.01), _loss(keras)
+    opt.build(model.trainable_variables)
+    hvd.broadcast_variables(model.variables, 0)
+
+    def make(distributed: bool):
+        @tf.function(autograph=False)
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))
+            if distributed:
+                tape = hvd.DistributedGradientTape(tape)
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+        return step
+
+    it = iter(_dataset(tf, cfg["model"], cfg["batch"]).repeat())
+    steps = {"plain": make(False), "hvd": make(True), "hvd-numpy": make(True)}
+    for side, fn in steps.items():  # trace (hvd-numpy with the native op off) and warm up
+        if side == "hvd-numpy":
+            os.environ["HOROVOD_SPARK_TF_LANE"] = "0"
+        try:
+            for _ in range(cfg["warmup"]):
+                fn(*next(it)).numpy()
+        finally:
+            os.environ.pop("HOROVOD_SPARK_TF_LANE", None)
+    times = {side: [] for side in steps}
+    order = list(steps)
+    for block in range(cfg["windows"]):
+        for side in (order if block % 2 == 0 else order[::-1]):
+            hvd.barrier()  # every rank starts the block together
+            t0 = time.perf_counter()
+            for _ in range(cfg["steps"]):
+                steps[side](*next(it)).numpy()
+            times[side].append((time.perf_counter() - t0) / cfg["steps"])
+    times["lane_cycles"] = _basics.engine().metrics()["lane_cycles"]
+    return times
+
+
+def _overhead_table(args, runs: dict) -> str:
+    """runs: {world size: [per-rank times of every launch]}."""
+    lines = [f"Keras {args.model}, local batch {args.batch}: per-step time within one launch "
+             f"({'pinned, ' if args.pin else ''}{args.windows} blocks of {args.steps} steps per "
+             "launch, rank 0)",
+             f"{'world':>5} {'plain ms':>9} {'hvd ms':>8} {'numpy ms':>9} {'hvd-plain ms':>13} "
+             f"{'numpy-plain ms':>15}  (median over blocks, p25..p75)"]
+
+    def q(v, f):
+        v = sorted(v)
+        return v[min(len(v) - 1, int(f * len(v)))]
+
+    for n, launches in sorted(runs.items()):
+        plain, hvd_, num, d_h, d_n = [], [], [], [], []
+        for per_rank in launches:
+            t = per_rank[0]
+            plain += t["plain"]
+            hvd_ += t["hvd"]
+            num += t["hvd-numpy"]
+            d_h += [b - a for a, b in zip(t["plain"], t["hvd"])]
+            d_n += [b - a for a, b in zip(t["plain"], t["hvd-numpy"])]
+        ms = lambda v: f"{1e3 * statistics.median(v):.3f}"  # noqa: E731
+        rng = lambda v: f"{1e3 * statistics.median(v):+.3f} ({1e3 * q(v, .25):+.2f}..{1e3 * q(v, .75):+.2f})"  # noqa: E731
+        lines.append(f"{n:>5} {ms(plain):>9} {ms(hvd_):>8} {ms(num):>9} {rng(d_h):>13} {rng(d_n):>15}")
+    return "\n".join(lines)
+
+
 def _pin(cfg) -> None:
     """With --pin, each process runs on one core of its own (rank r on core r), every thread
     of it (TensorFlow's, tf.data's, the engine's) included: set before TensorFlow starts any."""
@@ -212,6 +295,8 @@ def _pin(cfg) -> None:
 
 def _side_body(side: str, cfg: dict, ports=None) -> list:
     _pin(cfg)
+    if side == "overhead":
+        return _overhead(cfg)
     if side in ("single-fit", "ours-fit", "indep-fit"):
         return _fit(cfg, side == "ours-fit")
     if side in ("single-loop", "ours-loop", "indep-loop"):
@@ -260,6 +345,8 @@ def _args(argv=None) -> argparse.Namespace:
     p.add_argument("--pin", action="store_true",
                    help="one core per process (rank r on core r; the single process on core 0), "
                         "so one process and each of N get the same CPU")
+    p.add_argument("--overhead", action="store_true",
+                   help="measure the per-step cost of ours within one launch (see above)")
     p.add_argument("--json", default=None)
     return p.parse_args(argv)
 
@@ -319,14 +406,34 @@ def _table(args, result: dict) -> str:
     return "\n".join(lines)
 
 
+def _measure_overhead(args) -> dict:
+    from collectives.launch import run_local
+
+    cfg = {k: getattr(args, k) for k in ("model", "batch", "warmup", "steps", "windows", "timeout",
+                                         "pin")}
+    cfg["windows"] = max(cfg["windows"], 10)
+    runs: dict = {1: [], args.np: []}
+    for rnd in range(args.rounds):
+        for n in runs:
+            print(f"round {rnd + 1}/{args.rounds}: overhead, {n} process(es) ...", flush=True)
+            runs[n].append(run_local(_side_body, n, args=("overhead", cfg), env=RANK_ENV,
+                                     timeout=cfg["timeout"], prefix_output=True))
+    return runs
+
+
 def main(argv=None) -> int:
     args = _args(argv)
-    result = _measure(args)
-    table = _table(args, result)
+    if args.overhead:
+        result = _measure_overhead(args)
+        table = _overhead_table(args, result)
+    else:
+        result = _measure(args)
+        table = _table(args, result)
     print(table)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     path = args.json or os.path.join(REPO, "benchmarks", "results",
-                                     f"training_keras-{args.model}-np{args.np}-{stamp}.json")
+                                     f"training_keras{'-overhead' if args.overhead else ''}-"
+                                     f"{args.model}-np{args.np}-{stamp}.json")
     with open(path, "w") as f:
         json.dump({"args": vars(args), "result": result, "table": table,
                    "host_cpus": os.cpu_count(), "load_avg": os.getloadavg()}, f, indent=1)
