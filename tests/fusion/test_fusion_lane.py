@@ -22,6 +22,13 @@ def test_an_armed_op_runs_in_the_lane_and_matches_numpy(plan, size):
         assert res["lane_cycles"] == res["codes"].count(checks.DONE), (r, res)
 
 
+def test_the_lane_pairs_with_python_over_tcp():
+    per_rank = run_local(checks.steady_state, 3, args=("mixed", 40), timeout=180,
+                         env={"HOROVOD_SPARK_FORCE_TCP": "1"})
+    for r, res in enumerate(per_rank):
+        assert res["bad"] == [] and res["lane_cycles"] > 0, (r, res["bad"][:3], res["lane_cycles"])
+
+
 def test_python_only_ranks_agree_with_the_lane():
     per_rank = run_local(checks.steady_state, 2, args=("python", 20), timeout=120)
     assert all(res["bad"] == [] and res["lane_cycles"] == 0 for res in per_rank), per_rank
