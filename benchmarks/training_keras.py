@@ -139,6 +139,24 @@ def _fit(cfg, distributed: bool) -> list:
     return _windows(stamps, cfg)
 
 
+def _loop_step(tf, model, opt, loss_fn, distributed: bool):
+    """The custom loop's training step, a tf.function (DistributedGradientTape if distributed)."""
+    if distributed:
+        import horovod_spark.tensorflow as hvd
+
+    @tf.function(autograph=False)
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        if distributed:
+            tape = hvd.DistributedGradientTape(tape)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    return step
+
+
 def _loop(cfg, distributed: bool) -> list:
     import keras
     import tensorflow as tf
@@ -151,16 +169,7 @@ def _loop(cfg, distributed: bool) -> list:
         hvd.init()
         hvd.broadcast_variables(model.variables, 0)
 
-    @tf.function(autograph=False)
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        if distributed:
-            tape = hvd.DistributedGradientTape(tape)
-        grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
+    step = _loop_step(tf, model, opt, loss_fn, distributed)
     stamps = []
     it = iter(_dataset(tf, cfg["model"], cfg["batch"]))
     for _ in range(_total_steps(cfg)):
@@ -221,20 +230,9 @@ def _overhead(cfg) -> dict:
     opt.build(model.trainable_variables)
     hvd.broadcast_variables(model.variables, 0)
 
-    def make(distributed: bool):
-        @tf.function(autograph=False)
-        def step(x, y):
-            with tf.GradientTape() as tape:
-                loss = loss_fn(y, model(x, training=True))
-            if distributed:
-                tape = hvd.DistributedGradientTape(tape)
-            grads = tape.gradient(loss, model.trainable_variables)
-            opt.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
-        return step
-
     it = iter(_dataset(tf, cfg["model"], cfg["batch"]).repeat())
-    steps = {"plain": make(False), "hvd": make(True), "hvd-numpy": make(True)}
+    steps = {side: _loop_step(tf, model, opt, loss_fn, side != "plain")
+             for side in ("plain", "hvd", "hvd-numpy")}
     for side, fn in steps.items():  # trace (hvd-numpy with the native op off) and warm up
         if side == "hvd-numpy":
             os.environ["HOROVOD_SPARK_TF_LANE"] = "0"
