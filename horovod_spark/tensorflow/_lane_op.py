@@ -132,9 +132,7 @@ def _bind(engine) -> None:
 
 
 def _array(address: int, nbytes: int, dtype: np.dtype) -> np.ndarray:
-    n = nbytes // dtype.itemsize
-    if n == 0:
-        return np.zeros(0, dtype)
+    n = nbytes // dtype.itemsize  # > 0: empty tensors never get the op
     return np.ctypeslib.as_array(ctypes.cast(address, ctypes.POINTER(_CTYPES[dtype])),
                                  shape=(n,)).view(dtype)
 

@@ -101,7 +101,7 @@ class Lane {
   std::vector<int> used_;
   int64_t nbits_ = 0, generation_ = 0;
   uint64_t uses_ = 0;
-  std::vector<int32_t> vec_, expect_;
+  std::vector<int32_t> vec_;
   std::atomic<uint64_t> synced_ns_{0}, cycles_{0}, bytes_{0}, collective_ns_{0};
   Status error_;
 };
