@@ -11,7 +11,7 @@ import os
 import socket
 from typing import Mapping, Optional
 
-from ._rankenv import RankEnv
+from .launch.rankenv import RankEnv
 from .communicator import Communicator, Work
 from .config import Config
 from .errors import (AuthenticationError, CollectiveError, CollectiveTimeout, MismatchError,
@@ -40,7 +40,7 @@ def init(config: Optional[Config] = None, environ: Optional[Mapping[str, str]] =
     gen = next(_generation)
     renv = RankEnv.from_environ(environ)
     if renv is not None and config.backend != "mpi":
-        from .store import TCPStore
+        from .rendezvous.store import TCPStore
 
         store = TCPStore.connect(renv.store_addr, renv.secret, config.connect_timeout)
         return Communicator.create(store, renv.rank, renv.size, renv.host, renv.bind_addr,
@@ -49,8 +49,8 @@ def init(config: Optional[Config] = None, environ: Optional[Mapping[str, str]] =
 
     if config.backend == "mpi" or mpi.launched_by_mpiexec(environ):
         return Communicator(mpi.MpiBackend.from_world(config), config)
-    from ._auth import new_secret
-    from .store import InMemoryStore
+    from .rendezvous.auth import new_secret
+    from .rendezvous.store import InMemoryStore
 
     return Communicator.create(InMemoryStore(), 0, 1, socket.gethostname(), "127.0.0.1",
                                new_secret(), f"single/comm{gen}", config)

@@ -61,7 +61,7 @@ class Communicator:
     def create(cls, store, rank: int, size: int, host: str, bind_addr: str, secret: bytes,
                prefix: str, config: Optional[Config] = None) -> "Communicator":
         """Bootstrap the native CPU backend over a mesh built through `store`."""
-        from ._mesh import build_mesh
+        from .rendezvous.mesh import build_mesh
         from .backends.native import NativeBackend
 
         config = config or Config()

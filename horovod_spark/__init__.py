@@ -8,8 +8,8 @@ See `horovod_spark.runner` for the launch API; `horovod_spark.torch` and
 """
 from __future__ import annotations
 
-from ._driver import JobFailedError
-from ._output import log_to_driver
+from ._job.driver import JobFailedError
+from ._job.logchannel import log_to_driver
 from .runner import HorovodRunner, run
 
 __all__ = ["HorovodRunner", "run", "JobFailedError", "log_to_driver", "__version__"]

@@ -76,7 +76,7 @@ def _env(pairs: Sequence[str]) -> dict:
 
 
 def _session(master: Optional[str], np_: int):
-    from ._session import get_session
+    from ._job.session import get_session
 
     if master is None:
         return get_session(np_)
@@ -88,10 +88,10 @@ def _session(master: Optional[str], np_: int):
 
 def _run(ns) -> int:
     from . import runner
-    from ._driver import JobFailedError
+    from ._job.driver import JobFailedError
 
     if ns.mpi:
-        from ._mpirun import run_mpi
+        from ._job.mpirun import run_mpi
 
         return run_mpi(abs(ns.np), ns.script, ns.args, env={**os.environ, **_env(ns.env)})
     with open(ns.script, encoding="utf-8") as f:

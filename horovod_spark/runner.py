@@ -13,9 +13,10 @@ import dataclasses
 import os
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from . import _checks, progress
-from ._driver import JobFailedError, JobOptions, run_on_driver, run_on_spark
-from ._session import get_session
+from ._job import checks
+from . import progress
+from ._job.driver import JobFailedError, JobOptions, run_on_driver, run_on_spark
+from ._job.session import get_session
 
 __all__ = ["HorovodRunner", "run", "JobFailedError"]
 
@@ -62,7 +63,7 @@ class HorovodRunner:
 
     def __init__(self, np: int, driver_log_verbosity: str = "log_callback_only",
                  verbose: int = 1) -> None:
-        self.num_processor = _checks.check_np(np)
+        self.num_processor = checks.check_np(np)
         self.verbose = int(verbose)
         if driver_log_verbosity not in _VERBOSITY:
             raise ValueError(f"driver_log_verbosity must be 'all' or 'log_callback_only', "
@@ -111,7 +112,7 @@ def run(fn: Callable[..., Any], args: Sequence = (), kwargs: Optional[Mapping[st
         raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
     if num_proc is None:
         num_proc = get_session().sparkContext.defaultParallelism
-    opts = JobOptions(np=_checks.check_np(num_proc), env=_env_items(env), stdout=stdout,
+    opts = JobOptions(np=checks.check_np(num_proc), env=_env_items(env), stdout=stdout,
                       stderr=stderr, show_output=True, start_timeout=_start_timeout(start_timeout),
                       verbose=int(verbose), max_restarts=max_restarts,
                       timestamps=bool(prefix_output_with_timestamp), executable=executable)

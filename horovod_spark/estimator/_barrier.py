@@ -4,7 +4,7 @@ Each task of the fit's barrier ``mapInArrow`` stage (one per partition, task =
 rank = partition id):
 
 1. makes the shard's local directory and starts its rank at once, on a thread,
-   through the Spark runner's task machinery (``horovod_spark._task.run_task``:
+   through the Spark runner's task machinery (``horovod_spark._job.task.run_task``:
    the rank process, its rendezvous relayed over ``allGather``, its output
    streamed to the driver); the rank's payload is the training function, the
    TrainSpec and that directory, so the rank imports its framework and joins
@@ -49,7 +49,7 @@ class _Rank(threading.Thread):
     """The rank, run by the runner's task code while this task spills."""
 
     def __init__(self, task_spec, job: BarrierJob, directory: str):
-        from horovod_spark._driver import pickle_job
+        from horovod_spark._job.driver import pickle_job
 
         super().__init__(name="hvs-estimator-rank", daemon=True)
         self.spec = dataclasses.replace(
@@ -58,7 +58,7 @@ class _Rank(threading.Thread):
         self.error = None
 
     def run(self) -> None:
-        from horovod_spark._task import run_task
+        from horovod_spark._job.task import run_task
 
         try:
             self.result = next(run_task(self.spec, iter(())))

@@ -1,6 +1,6 @@
 """The driver side of a fit: one barrier stage over the DataFrame's partitions.
 
-The Spark runner (``horovod_spark._driver``) runs a function as a barrier stage of
+The Spark runner (``horovod_spark._job.driver``) runs a function as a barrier stage of
 its own (``sc.parallelize(range(np)).barrier()``).  A fit needs the ranks inside
 the barrier stage *of the data*, so that each task hands its partition to its
 rank without any copy through shared storage.  So this module composes the
@@ -86,23 +86,24 @@ def _stage(spark, df, num_proc: int, job: BarrierJob, verbose: int):
     """(status, rank 0's result or the problem) of one barrier stage."""
     import cloudpickle
 
-    from horovod_spark import _driver, progress
-    from horovod_spark import _warm
-    from horovod_spark._task import TaskSpec
+    from horovod_spark._job import driver
+    from horovod_spark import progress
+    from horovod_spark._job import warm
+    from horovod_spark._job.task import TaskSpec
 
     sc = spark.sparkContext
     display = progress.Display(verbose)  # the progress bar, from the ranks' records
     shown = display.enabled
-    opts = _driver.JobOptions(np=num_proc, rank0_only=True, verbose=verbose,
+    opts = driver.JobOptions(np=num_proc, rank0_only=True, verbose=verbose,
                               show_output=verbose > 0, stdout=display.stream() if shown else None,
                               stderr=display.stream(None, "stderr") if shown else None)
-    limit = _driver._checks_before_submit(sc, opts)
+    limit = driver._checks_before_submit(sc, opts)
     secret, job_id = os.urandom(32), f"hvs-fit-{uuid.uuid4().hex[:12]}/a0"
-    server = _driver._log_server(sc, secret, job_id, opts)
-    store = _driver.job_store(sc, secret, opts)
+    server = driver._log_server(sc, secret, job_id, opts)
+    store = driver.job_store(sc, secret, opts)
     spec = TaskSpec(job=job_id, secret=secret, payload=b"",
                     log_address=server.address if server else None, show_output=opts.show_output,
-                    rank0_only=True, result_limit=limit, env=display.env, warm=_warm.enabled(),
+                    rank0_only=True, result_limit=limit, env=display.env, warm=warm.enabled(),
                     job_store=store.address if store else None)
     if shown:  # the loops report each step themselves (progress.report)
         job = dataclasses.replace(job, train_fn=progress.Tracked(job.train_fn))
@@ -115,11 +116,11 @@ def _stage(spark, df, num_proc: int, job: BarrierJob, verbose: int):
             rows = df.mapInArrow(body, RESULT_SCHEMA, barrier=True).collect()
         ok = True
     except Exception as exc:  # Spark's account of a failed rank
-        record = _driver.failure_of(server, exc, num_proc)
-        raise _driver.JobFailedError(record) from None
+        record = driver.failure_of(server, exc, num_proc)
+        raise driver.JobFailedError(record) from None
     finally:
         try:
-            _driver._finish(sc, server, tag, ok, num_proc, store)
+            driver._finish(sc, server, tag, ok, num_proc, store)
         finally:
             display.close()
     for row in sorted(rows, key=lambda r: r.partition):

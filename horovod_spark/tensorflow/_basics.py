@@ -1,12 +1,12 @@
 """Process-global state of `horovod_spark.tensorflow`: Horovod's basics over one HorovodState.
 
-See `horovod_spark._common` for what init() and shutdown() do; every op of
+See `horovod_spark._hvd` for what init() and shutdown() do; every op of
 this package goes through the state's fusion engine.  init() imports
 TensorFlow only on a rank with an assigned GPU, to pin it.
 """
 from __future__ import annotations
 
-from .._common import HorovodState
+from .._hvd import HorovodState
 
 __all__ = ["init", "shutdown", "is_initialized", "communicator", "engine", "rank", "size",
            "local_rank", "local_size", "cross_rank", "cross_size", "is_homogeneous",
@@ -18,7 +18,7 @@ def _pin_gpu() -> None:
     tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU"), which still works), so a
     rank does not take memory on its host neighbours' GPUs.  TensorFlow refuses once it
     has initialized its devices: then the script's own call decides."""
-    from .._common import gpu_ordinal
+    from .._hvd import gpu_ordinal
 
     ordinal = gpu_ordinal()
     if ordinal is None:

@@ -8,11 +8,11 @@ import time
 import psutil
 import pytest
 
-from collectives import _auth
-from collectives._mesh import build_mesh
+from collectives.rendezvous import auth
+from collectives.rendezvous.mesh import build_mesh
 from collectives.errors import CollectiveTimeout
 from collectives.launch import RankFailed, run_local
-from collectives.store import InMemoryStore
+from collectives.rendezvous.store import InMemoryStore
 
 SECRET = b"k" * 32
 
@@ -61,7 +61,7 @@ def test_a_stray_connection_with_a_wrong_secret_does_not_break_bootstrap():
         info = json.loads(store.get("t/mesh/rank/0", 10))
         s = socket.create_connection((info["addr"], info["port"]))
         try:
-            _auth.client_handshake(s, b"w" * 32, "mesh", 5)
+            auth.client_handshake(s, b"w" * 32, "mesh", 5)
         except Exception:
             pass  # refused, as it must be: the server hung up after rejecting it
         s.close()

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from collectives import _auth
+from collectives.rendezvous import auth
 from collectives.errors import AuthenticationError, CollectiveTimeout
-from collectives.store import InMemoryStore, PrefixStore, TCPStore
+from collectives.rendezvous.store import InMemoryStore, PrefixStore, TCPStore
 
 SECRET = b"s" * 32
 
@@ -77,22 +77,22 @@ def test_replayed_handshake_is_refused():
     recorded = {}
 
     def client():
-        hello = _auth.recv_exact(b, 36)
+        hello = auth.recv_exact(b, 36)
         recorded["reply"] = b"HVS1" + os.urandom(32)
         b.sendall(recorded["reply"] + b"\0" * 32)  # not a valid MAC either way
 
     threading.Thread(target=client).start()
     with pytest.raises(AuthenticationError):
-        _auth.server_handshake(a, SECRET, "store", timeout=5)
+        auth.server_handshake(a, SECRET, "store", timeout=5)
 
 
 def test_handshake_for_one_service_is_not_accepted_by_another():
     a, b = socket.socketpair()
     errs = []
-    t = threading.Thread(target=lambda: errs.append(pytest.raises(AuthenticationError, _auth.client_handshake, b, SECRET, "mesh", 5)))
+    t = threading.Thread(target=lambda: errs.append(pytest.raises(AuthenticationError, auth.client_handshake, b, SECRET, "mesh", 5)))
     t.start()
     with pytest.raises(AuthenticationError):
-        _auth.server_handshake(a, SECRET, "store", timeout=5)
+        auth.server_handshake(a, SECRET, "store", timeout=5)
     a.close()
     t.join()
 

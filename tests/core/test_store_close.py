@@ -7,7 +7,7 @@ import time
 import pytest
 
 from collectives.errors import CollectiveError
-from collectives.store import InMemoryStore, TCPStore
+from collectives.rendezvous.store import InMemoryStore, TCPStore
 
 SECRET = b"c" * 32
 

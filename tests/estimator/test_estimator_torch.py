@@ -206,7 +206,7 @@ def test_a_validation_column_a_transformation_and_an_fsspec_store(spark, tmp_pat
 
 
 def test_an_error_in_training_is_raised_on_the_driver_naming_the_rank(spark, tmp_path):
-    from horovod_spark._driver import JobFailedError
+    from horovod_spark._job.driver import JobFailedError
 
     def fails_in_training(batch):  # the dry run's 16 rows pass; training batches of 32 fail
         if len(batch["y"]) > 16:

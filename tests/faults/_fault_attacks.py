@@ -1,6 +1,6 @@
 """Hostile clients for the security tests, the servers they attack, and a job under attack.
 
-A hostile client speaks to any server that runs the `collectives._auth`
+A hostile client speaks to any server that runs the `collectives.rendezvous.auth`
 handshake: it skips the handshake, uses a wrong secret, replays a recorded
 one, sends random bytes or a length no one should allocate, or connects and
 says nothing.  A *service* is one of a job's servers, started here on
@@ -20,7 +20,7 @@ import time
 from typing import Callable, Optional
 
 from _fault_kit import FaultJob, notes, wait_until
-from collectives import _auth
+from collectives.rendezvous import auth
 from collectives.errors import AuthenticationError
 
 
@@ -35,7 +35,7 @@ def _send_and_hang_up(address: str, data: bytes, read_hello: bool = False) -> by
         got = b""
         try:
             if read_hello:
-                got = _auth.recv_exact(s, len(_auth.MAGIC) + _auth.NONCE, time.monotonic() + 5)
+                got = auth.recv_exact(s, len(auth.MAGIC) + auth.NONCE, time.monotonic() + 5)
             if data:
                 s.sendall(data)
             s.shutdown(socket.SHUT_WR)
@@ -57,7 +57,7 @@ def attack_with_wrong_secret(address: str, context: str) -> Optional[BaseExcepti
     """A client that runs the handshake with the wrong secret; returns its error."""
     with _connect(address) as s:
         try:
-            _auth.client_handshake(s, os.urandom(32), context, timeout=5.0)
+            auth.client_handshake(s, os.urandom(32), context, timeout=5.0)
         except Exception as exc:  # the refusal under test
             return exc
     return None
@@ -77,7 +77,7 @@ def recorded_handshake(address: str, secret: bytes, context: str) -> bytes:
                 sent.extend(data)
                 return real_sendall(data)
 
-        _auth.client_handshake(Tap(), secret, context, timeout=5.0)
+        auth.client_handshake(Tap(), secret, context, timeout=5.0)
     return bytes(sent)
 
 
@@ -89,14 +89,14 @@ def attack_replay(address: str, recorded: bytes) -> bytes:
 def fuzz_strings(seed: int, n: int) -> list:
     """n random byte strings: empty, short, handshake-sized, and some behind a valid MAGIC."""
     rng = random.Random(seed)
-    size = len(_auth.MAGIC) + _auth.NONCE + _auth.MAC
+    size = len(auth.MAGIC) + auth.NONCE + auth.MAC
     out = []
     for i in range(n):
         length = rng.choice([0, 1, 3, 4, 5, rng.randrange(0, 64), size, size,
                              rng.randrange(size, 600)])
         data = rng.randbytes(length)
         if i % 3 == 0:
-            data = _auth.MAGIC + data
+            data = auth.MAGIC + data
         out.append(data)
     return out
 
@@ -104,7 +104,7 @@ def fuzz_strings(seed: int, n: int) -> list:
 def attack_fuzz(address: str, strings) -> int:
     """One connection per string; returns how many the server answered with more than its hello."""
     answered = 0
-    hello = len(_auth.MAGIC) + _auth.NONCE
+    hello = len(auth.MAGIC) + auth.NONCE
     for data in strings:
         answered += len(_send_and_hang_up(address, data)) > hello
     return answered
@@ -112,7 +112,7 @@ def attack_fuzz(address: str, strings) -> int:
 
 def oversized_header() -> bytes:
     """A handshake reply that is all length-like 0xff after the MAGIC."""
-    return _auth.MAGIC + b"\xff" * (_auth.NONCE + _auth.MAC) + struct.pack(">Q", 1 << 62)
+    return auth.MAGIC + b"\xff" * (auth.NONCE + auth.MAC) + struct.pack(">Q", 1 << 62)
 
 
 class SilentClients:
@@ -177,7 +177,7 @@ def _store_frame(cmd: int, key: bytes, value: bytes) -> bytes:
 
 
 def _store_service(name, server, secret) -> Service:
-    from collectives.store import TCPStore
+    from collectives.rendezvous.store import TCPStore
 
     def works():
         client = TCPStore.connect(server.address, secret, timeout=10)
@@ -193,7 +193,7 @@ def _store_service(name, server, secret) -> Service:
 
 
 def _log_service(secret) -> Service:
-    from horovod_spark._output import LineSink, LogClient, LogServer, send_frame
+    from horovod_spark._job.logchannel import LineSink, LogClient, LogServer, send_frame
 
     out = io.StringIO()
     server = LogServer("127.0.0.1", secret, "job", LineSink(out, out), handshake_timeout=5.0)
@@ -217,11 +217,11 @@ def _log_service(secret) -> Service:
 def make_service(name: str, secret: bytes) -> Service:
     """A server of a job, on 127.0.0.1: "store", "task-store" (Spark's) or "log"."""
     if name == "store":
-        from collectives.store import TCPStore
+        from collectives.rendezvous.store import TCPStore
 
         return _store_service(name, TCPStore.serve("127.0.0.1", secret), secret)
     if name == "task-store":
-        from horovod_spark._spark_store import SparkStore
+        from horovod_spark._job.spark_store import SparkStore
 
         return _store_service(name, SparkStore("127.0.0.1", secret, "job", 0, 1, lambda m: [m]),
                               secret)
@@ -275,7 +275,7 @@ def finish_held(job: FaultJob, group):
 
 def battery(address: str, context: str, secret: bytes, fuzz: int) -> dict:
     """Every attack on one server; the attacks that got anything past the server's hello."""
-    hello = len(_auth.MAGIC) + _auth.NONCE
+    hello = len(auth.MAGIC) + auth.NONCE
     got = {"no secret": len(attack_without_secret(address, SET_FN)) > hello,
            "wrong secret": not isinstance(attack_with_wrong_secret(address, context),
                                           AuthenticationError),

@@ -112,7 +112,7 @@ def train_and_die(outdir, victim, delay, mode="allreduce", nelem=4096, seconds=2
 def _communicator(cls):
     """What collectives.init() builds, as an instance of `cls` (a Communicator subclass)."""
     from collectives import Config, RankEnv
-    from collectives.store import TCPStore
+    from collectives.rendezvous.store import TCPStore
 
     renv = RankEnv.from_environ()
     store = TCPStore.connect(renv.store_addr, renv.secret, 30.0)
@@ -155,7 +155,7 @@ def die_in_fused_allreduce(outdir, victim, nth, nelem=1 << 16, seconds=20.0):
 
 def fault_store(base, hook):
     """A Store that calls hook(op, key, before) around every call to `base`."""
-    from collectives.store import Store
+    from collectives.rendezvous.store import Store
 
     class FaultStore(Store):
         def _do(self, op, key, *args):
@@ -185,7 +185,7 @@ def fault_store(base, hook):
 def communicator_through(hook):
     """A Communicator bootstrapped over the launcher's store, with `hook` on every store call."""
     from collectives import Communicator, Config, RankEnv
-    from collectives.store import TCPStore
+    from collectives.rendezvous.store import TCPStore
 
     renv = RankEnv.from_environ()
     base = TCPStore.connect(renv.store_addr, renv.secret, 30.0)
@@ -338,7 +338,7 @@ def silent_rank0(outdir, seconds=60.0):
         import socket
 
         from collectives import RankEnv
-        from collectives.store import TCPStore
+        from collectives.rendezvous.store import TCPStore
 
         renv = RankEnv.from_environ()
         if renv.rank != 0:

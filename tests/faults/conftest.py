@@ -22,7 +22,7 @@ def fault(tmp_path):
 def spark():
     pytest.importorskip("pyspark")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from horovod_spark._session import get_session
+    from horovod_spark._job.session import get_session
 
     session = get_session(2)
     if session.sparkContext.defaultParallelism < 2:

@@ -37,7 +37,7 @@ def test_a_connection_reset_mid_transfer_fails_every_rank_with_the_peer_named(fa
 
 BOOTSTRAP_DEADLINE = ("_mesh._connect_peer gives each attempt a fixed 10 s handshake timeout "
                       "(and create_connection 5 s), so a peer that accepts and never answers "
-                      "is reported after 10 s whatever connect_timeout says (collectives/_mesh.py; "
+                      "is reported after 10 s whatever connect_timeout says (collectives/rendezvous/mesh.py; "
                       "fix: timeout=min(10.0, max(deadline - time.monotonic(), 0.1)) for both)")
 
 
@@ -57,7 +57,7 @@ def test_a_peer_that_accepts_and_never_answers_fails_bootstrap_at_the_connect_ti
 
 
 def test_a_store_that_accepts_and_never_answers_is_refused_within_the_timeout():
-    from collectives.store import TCPStore
+    from collectives.rendezvous.store import TCPStore
 
     silent = attacks.SilentServer()
     try:
@@ -72,7 +72,7 @@ def test_a_store_that_accepts_and_never_answers_is_refused_within_the_timeout():
 
 
 def test_a_log_server_that_never_answers_drops_lines_and_never_fails_the_task():
-    from horovod_spark._output import LogClient
+    from horovod_spark._job.logchannel import LogClient
 
     silent = attacks.SilentServer()
     try:

@@ -20,7 +20,7 @@ import pytest
 import _fault_attacks as attacks
 import _fault_kit as kit
 import _fault_ranks as ranks
-from collectives import _auth
+from collectives.rendezvous import auth
 from collectives.errors import AuthenticationError
 
 SECRET = b"\x5a" * 32
@@ -45,7 +45,7 @@ def test_a_payload_without_the_handshake_never_reaches_the_server(service):
     before = service.rejected()
     answer = attacks.attack_without_secret(service.address, service.unauthenticated)
     _refused(service, before)
-    assert len(answer) <= len(_auth.MAGIC) + _auth.NONCE, "the server answered past its hello"
+    assert len(answer) <= len(auth.MAGIC) + auth.NONCE, "the server answered past its hello"
     assert not service.planted()
     service.works()
 
@@ -63,7 +63,7 @@ def test_a_replayed_handshake_is_refused(service):
     before = service.rejected()
     answer = attacks.attack_replay(service.address, recorded)
     _refused(service, before)
-    assert len(answer) == len(_auth.MAGIC) + _auth.NONCE, "the replay got more than a fresh hello"
+    assert len(answer) == len(auth.MAGIC) + auth.NONCE, "the replay got more than a fresh hello"
     service.works()
 
 
@@ -90,7 +90,7 @@ def test_an_oversized_length_header_before_authentication_is_refused(service):
 def _authenticated(service) -> socket.socket:
     host, port = service.address.rsplit(":", 1)
     s = socket.create_connection((host, int(port)), timeout=10)
-    _auth.client_handshake(s, SECRET, service.context, timeout=5)
+    auth.client_handshake(s, SECRET, service.context, timeout=5)
     return s
 
 
@@ -107,7 +107,7 @@ def test_an_oversized_length_header_from_an_authenticated_peer_is_dropped(servic
     rss = kit.rss()
     with _authenticated(service) as s:
         if service.context == "log":
-            from horovod_spark._output import send_frame
+            from horovod_spark._job.logchannel import send_frame
 
             send_frame(s, {"t": "hello", "job": "job", "rank": 3})
             s.sendall(struct.pack(">I", 0xFFFFFFFF))
@@ -150,7 +150,7 @@ def test_a_job_whose_store_and_mesh_listener_are_attacked_meanwhile_computes_the
 
 MESH_SERIAL = ("the mesh listener authenticates one connection at a time with up to 10 s per "
                "handshake, so one silent connection to a rank's port holds bootstrap until "
-               "connect_timeout and fails the job (collectives/_mesh.py _accept_peers; fix: run "
+               "connect_timeout and fails the job (collectives/rendezvous/mesh.py _accept_peers; fix: run "
                "each accepted connection's handshake in its own thread, collecting the "
                "authenticated peers under a lock)")
 

@@ -66,7 +66,7 @@ def test_a_rank_stalled_in_a_plain_allreduce_fails_the_others_at_the_timeout_nam
 
 ROOT_CAUSE = ("the driver names a survivor's error about another survivor: RankGroup._root_cause "
               "takes the lowest failed rank among communication errors, and on the TCP ring rank "
-              "0 waits for rank 2, which waits for the stalled rank 1 (collectives/_procs.py; "
+              "0 waits for rank 2, which waits for the stalled rank 1 (collectives/launch/procs.py; "
               "fix: among communication errors follow 'peer rank N' to a rank that reported no "
               "communication error itself, and report the error that names it)")
 

@@ -31,18 +31,18 @@ SPARK = "Spark's own task-result channel (collect()), which PySpark itself unpic
 USER_MODEL = "the model the user's own job pickled, from a Spark broadcast or the user's Store"
 #: (file, function) -> where the bytes come from and why that is trusted.
 REVIEWED = {
-    ("collectives/worker.py", "main"): "the job payload, from the launcher's store over "
+    ("collectives/launch/worker.py", "main"): "the job payload, from the launcher's store over "
                                        + AUTH_STORE,
-    ("collectives/_procs.py", "RankFailed.original"): "a rank's exception, from the launcher's "
+    ("collectives/launch/procs.py", "RankFailed.original"): "a rank's exception, from the launcher's "
                                                       + OWN_STORE,
-    ("collectives/_procs.py", "RankGroup._record"): "a rank's result, from the launcher's "
+    ("collectives/launch/procs.py", "RankGroup._record"): "a rank's result, from the launcher's "
                                                     + OWN_STORE,
-    ("horovod_spark/_task.py", "RankProcess._record"): "the child's error record, from the "
+    ("horovod_spark/_job/task.py", "RankProcess._record"): "the child's error record, from the "
                                                         "task's " + OWN_STORE,
-    ("horovod_spark/_driver.py", "JobFailedError.original"): "exc_blob of a failure record from "
+    ("horovod_spark/_job/driver.py", "JobFailedError.original"): "exc_blob of a failure record from "
                                                              "the authenticated log channel "
                                                              "(but see MARKER_PICKLE)",
-    ("horovod_spark/_driver.py", "_values"): SPARK,
+    ("horovod_spark/_job/driver.py", "_values"): SPARK,
     ("horovod_spark/estimator/_launch.py", "_stage"): SPARK,
     ("horovod_spark/estimator/_torch_io.py", "loads_model"): USER_MODEL,
     ("horovod_spark/estimator/_keras_io.py", "loads_model"): USER_MODEL,
@@ -151,14 +151,14 @@ MARKER_PICKLE = ("JobFailedError.original() unpickles the exc_blob of any failur
                  "records are also parsed out of Spark's exception text (parse_failure_markers), "
                  "which carries the rank's own traceback text: an exception message that contains "
                  "'HVS-FAILURE:<base64 JSON with exc_blob>' makes the driver unpickle it "
-                 "(horovod_spark/_driver.py failure_of / _output.py parse_failure_markers; "
+                 "(horovod_spark/_job/driver.py failure_of / logchannel.py parse_failure_markers; "
                  "fix: drop exc_blob from records parsed out of the exception text: the task "
                  "never puts it there)")
 
 
 def test_a_failure_record_forged_in_spark_exception_text_is_never_unpickled(tmp_path):
-    from horovod_spark._driver import JobFailedError, failure_of
-    from horovod_spark._output import failure_marker
+    from horovod_spark._job.driver import JobFailedError, failure_of
+    from horovod_spark._job.logchannel import failure_marker
 
     target = tmp_path / "unpickled"
     blob = base64.b64encode(cloudpickle.dumps(attacks.Bomb(str(target)))).decode()
@@ -171,7 +171,7 @@ def test_a_failure_record_forged_in_spark_exception_text_is_never_unpickled(tmp_
 
 
 def test_a_pickle_sent_to_the_launchers_store_without_the_secret_is_never_run(tmp_path):
-    from collectives.store import TCPStore
+    from collectives.rendezvous.store import TCPStore
 
     target = tmp_path / "unpickled"
     server = TCPStore.serve("127.0.0.1", os.urandom(32))

@@ -18,10 +18,10 @@ sys.path[:0] = [os.path.join(HERE, "..", "mpi"), os.path.join(HERE, "..", "..")]
 
 import cupy  # noqa: E402
 
-from collectives._rankenv import RankEnv  # noqa: E402
+from collectives.launch.rankenv import RankEnv
 from collectives.backends.base import Topology  # noqa: E402
 from collectives.backends.nccl import NcclBackend  # noqa: E402
-from collectives.store import TCPStore  # noqa: E402
+from collectives.rendezvous.store import TCPStore
 
 
 class OnDevice:

@@ -135,8 +135,8 @@ def _exchange(hosts, assigned, timeout=10.0):
     """Every task's host_gpus, each task on its own thread, over one store."""
     import threading
 
-    from collectives.store import InMemoryStore
-    from horovod_spark._task import host_gpus
+    from collectives.rendezvous.store import InMemoryStore
+    from horovod_spark._job.task import host_gpus
 
     store, out = InMemoryStore(), {}
 

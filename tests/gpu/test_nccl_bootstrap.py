@@ -9,7 +9,7 @@ import pytest
 from collectives.backends._nccl_boot import bootstrap
 from collectives.backends.base import Topology
 from collectives.errors import CollectiveError, CollectiveTimeout, PeerLostError
-from collectives.store import InMemoryStore
+from collectives.rendezvous.store import InMemoryStore
 
 
 def _run_ranks(hosts, gpus, store=None, timeout=10.0, only=None):
@@ -47,7 +47,7 @@ def test_every_rank_gets_rank_zeros_unique_id_from_one_record_each():
 
 
 def test_the_bootstrap_runs_over_the_spark_tasks_store_as_a_shared_key():
-    spark_store = pytest.importorskip("horovod_spark._spark_store")
+    spark_store = pytest.importorskip("horovod_spark._job.spark_store")
     store = spark_store.SparkStore("127.0.0.1", os.urandom(32), "job1", 0, 1, lambda msg: [msg])
     try:
         assert store.is_shared("job1/comm0/nccl/rank/0")

@@ -31,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def backend():
     from collectives.backends.base import Topology
     from collectives.backends.nccl import NcclBackend
-    from collectives.store import InMemoryStore
+    from collectives.rendezvous.store import InMemoryStore
 
     b = NcclBackend.create(InMemoryStore(), Topology(0, 1, ("localhost",)), "gpu-test/comm0",
                            Config(timeout=60.0))

@@ -7,7 +7,7 @@ import pytest
 
 from _mpi_support import clean_env, requires_mpi
 
-from horovod_spark._mpirun import mpiexec_command, run_mpi
+from horovod_spark._job.mpirun import mpiexec_command, run_mpi
 
 SCRIPT = textwrap.dedent("""
     import sys

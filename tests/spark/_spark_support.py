@@ -99,12 +99,12 @@ def new_tag() -> str:
 
 
 def _forked_rank(proc) -> bool:
-    """A rank process forked from a zygote (horovod_spark._warm): its /proc environment is
+    """A rank process forked from a zygote (horovod_spark._job.warm): its /proc environment is
     the zygote's, so its tag cannot be read; every live one counts."""
     try:
         parent = proc.parent()
-        return parent is not None and "collectives.zygote" in " ".join(parent.cmdline()) and \
-            "collectives.zygote" in " ".join(proc.cmdline())
+        return parent is not None and "collectives.launch.zygote" in " ".join(parent.cmdline()) and \
+            "collectives.launch.zygote" in " ".join(proc.cmdline())
     except psutil.Error:
         return False
 
@@ -117,7 +117,7 @@ def rank_processes(tag: str) -> list:
         try:
             if proc.status() == psutil.STATUS_ZOMBIE:
                 continue
-            if ("collectives.worker" in " ".join(proc.info["cmdline"] or []) and
+            if ("collectives.launch.worker" in " ".join(proc.info["cmdline"] or []) and
                     proc.environ().get("HVS_TEST_TAG") == tag) or _forked_rank(proc):
                 found.append(proc)
         except psutil.Error:

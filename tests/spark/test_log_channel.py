@@ -12,8 +12,7 @@ import pytest
 
 import _spark_support  # noqa: F401  (puts the repository on sys.path)
 
-from horovod_spark._output import (CALLBACK_MARK, LineSink, LogClient, LogServer,
-                                   failure_marker, parse_failure_markers)
+from horovod_spark._job.logchannel import CALLBACK_MARK, LineSink, LogClient, LogServer, failure_marker, parse_failure_markers
 
 SECRET = os.urandom(32)
 JOB = "hvs-test/a0"

@@ -93,7 +93,7 @@ def test_ranks_with_gpus_never_fork_from_a_zygote(spark):
 
         import psutil
         import torch  # noqa: F401  (the module a zygote would preload)
-        return "collectives.zygote" in " ".join(psutil.Process(os.getppid()).cmdline())
+        return "collectives.launch.zygote" in " ".join(psutil.Process(os.getppid()).cmdline())
 
     assert horovod_spark.run(with_torch, num_proc=2) == [False, False]
     assert horovod_spark.run(with_torch, num_proc=2) == [False, False]

@@ -15,8 +15,8 @@ import pytest
 import _spark_support  # noqa: F401  (puts the repository on sys.path)
 
 from collectives.errors import CollectiveError
-from collectives.store import InMemoryStore, StoreServer, TCPStore
-from horovod_spark._spark_store import SparkStore
+from collectives.rendezvous.store import InMemoryStore, StoreServer, TCPStore
+from horovod_spark._job.spark_store import SparkStore
 
 SECRET = os.urandom(32)
 JOB = "hvs-0123/a0"

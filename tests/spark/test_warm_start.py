@@ -2,7 +2,7 @@
 
 Every job here carries a fresh WARM_TEST_RUN value in its env, so its zygote
 key is new to the session's Python workers: the first job of a key starts its
-ranks fresh, the next ones fork them (horovod_spark._warm).
+ranks fresh, the next ones fork them (horovod_spark._job.warm).
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def probe(note_dir=None):
     import horovod_spark.torch as hvd
     hvd.init()
     total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum).item()
-    return {"preloaded": preloaded, "forked": "collectives.zygote" in parent,
+    return {"preloaded": preloaded, "forked": "collectives.launch.zygote" in parent,
             "pid": os.getpid(), "random": random.random(), "total": total,
             "value": os.environ.get("HVS_TEST_VALUE"), "rank": hvd.rank(),
             "sid": os.getsid(0)}
@@ -102,7 +102,7 @@ def fail_on_rank_1(how, note_dir):
 
     import psutil
     rank = int(os.environ["HVS_RANK"])
-    forked = "collectives.zygote" in " ".join(psutil.Process(os.getppid()).cmdline())
+    forked = "collectives.launch.zygote" in " ".join(psutil.Process(os.getppid()).cmdline())
     with open(os.path.join(note_dir, f"rank{rank}"), "w") as f:
         f.write(f"{int(forked)} {os.getpid()}")
     if rank == 1:

@@ -1,6 +1,6 @@
-"""The zygote and its owner (collectives.zygote, horovod_spark._warm) with real processes.
+"""The zygote and its owner (collectives.launch.zygote, horovod_spark._job.warm) with real processes.
 
-A forked rank runs the real `collectives.worker` against a real authenticated
+A forked rank runs the real `collectives.launch.worker` against a real authenticated
 store: it fetches its function, runs it and writes its result, as a rank the
 Spark task starts fresh would.  No Spark here: tests/spark/test_warm_start.py
 runs the same path under barrier tasks.
@@ -21,8 +21,8 @@ import pytest
 from _spark_support import alive_after
 
 from collectives.launch import rank_envs
-from collectives.store import StoreServer
-from horovod_spark import _warm
+from collectives.rendezvous.store import StoreServer
+from horovod_spark._job import warm
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -40,7 +40,7 @@ def store():
 @pytest.fixture
 def owner():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    own = _warm._Owner(sys.executable, env, ["numpy"])
+    own = warm._Owner(sys.executable, env, ["numpy"])
     yield own, env
     own.close()
     if own.proc is not None:
@@ -49,7 +49,7 @@ def owner():
 
 def _rank_env(env: dict, store: StoreServer, rank: int = 0, size: int = 1) -> dict:
     renv = rank_envs(size, store.address, SECRET, JOB)[rank]
-    return dict(env, **renv.to_environ(), HVS_WARM_REPORT=",".join(_warm.REPORT))
+    return dict(env, **renv.to_environ(), HVS_WARM_REPORT=",".join(warm.REPORT))
 
 
 def _spawn(owner, env, fn, store, *args):
@@ -138,15 +138,15 @@ def test_closing_the_owner_kills_the_zygote_and_its_ranks(owner, store):
 OWNER_SCRIPT = textwrap.dedent("""
     import os, sys, time, cloudpickle
     from collectives.launch import rank_envs
-    from collectives.store import StoreServer
-    from horovod_spark import _warm
+    from collectives.rendezvous.store import StoreServer
+    from horovod_spark._job import warm
     store = StoreServer("127.0.0.1", 0, b"z" * 32)
     renv = rank_envs(1, store.address, b"z" * 32, "j/a0")[0]
     def sleep():
         import time
         time.sleep(600)
     store.set("j/a0/fn", cloudpickle.dumps((sleep, (), {})))
-    own = _warm._Owner(sys.executable, dict(os.environ), ["numpy"])
+    own = warm._Owner(sys.executable, dict(os.environ), ["numpy"])
     child = own.spawn(dict(os.environ, **renv.to_environ()), os.getcwd())
     print(own.proc.pid, child.pid, flush=True)
     time.sleep(600)
@@ -170,7 +170,7 @@ def test_a_killed_owner_takes_the_zygote_and_its_ranks_with_it():
 def test_an_idle_zygote_exits_by_itself(store):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
                HOROVOD_SPARK_ZYGOTE_IDLE_S="0.5")
-    own = _warm._Owner(sys.executable, env, [])
+    own = warm._Owner(sys.executable, env, [])
     try:
         assert own.ready.wait(30)
         assert own.proc.wait(timeout=20) == 0
@@ -186,18 +186,18 @@ def test_an_idle_zygote_exits_by_itself(store):
 def test_learn_keeps_a_zygote_only_for_heavy_fork_safe_modules():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     try:
-        _warm.learn(sys.executable, env, ["numpy", "tensorflow", "keras"])
-        assert _warm._zygote is None  # numpy is cheap; TensorFlow and Keras are never preloaded
-        _warm.learn(sys.executable, env, ["numpy", "pyarrow", "tensorflow"])
-        first = _warm._zygote
+        warm.learn(sys.executable, env, ["numpy", "tensorflow", "keras"])
+        assert warm._zygote is None  # numpy is cheap; TensorFlow and Keras are never preloaded
+        warm.learn(sys.executable, env, ["numpy", "pyarrow", "tensorflow"])
+        first = warm._zygote
         assert first is not None and first.modules == ["numpy", "pyarrow"]
-        _warm.learn(sys.executable, dict(env, HVS_RANK="1", HVS_SECRET="00"), ["pyarrow"])
-        assert _warm._zygote is first  # same key (per-job variables aside), nothing new
-        _warm.learn(sys.executable, env, ["pandas"])
-        assert _warm._zygote is not first and first.dead is not None
-        assert _warm._zygote.modules == ["numpy", "pyarrow", "pandas"]  # the union, in order
-        _warm.learn(sys.executable, dict(env, WARM_TEST_KEY="other"), ["pyarrow"])
-        assert _warm._zygote.modules == ["pyarrow"]  # another key: a zygote of its own
+        warm.learn(sys.executable, dict(env, HVS_RANK="1", HVS_SECRET="00"), ["pyarrow"])
+        assert warm._zygote is first  # same key (per-job variables aside), nothing new
+        warm.learn(sys.executable, env, ["pandas"])
+        assert warm._zygote is not first and first.dead is not None
+        assert warm._zygote.modules == ["numpy", "pyarrow", "pandas"]  # the union, in order
+        warm.learn(sys.executable, dict(env, WARM_TEST_KEY="other"), ["pyarrow"])
+        assert warm._zygote.modules == ["pyarrow"]  # another key: a zygote of its own
     finally:
-        _warm.shutdown()
-    assert _warm._zygote is None
+        warm.shutdown()
+    assert warm._zygote is None

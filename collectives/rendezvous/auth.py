@@ -20,7 +20,7 @@ import os
 import socket
 import time
 
-from .errors import AuthenticationError
+from ..errors import AuthenticationError
 
 __all__ = ["client_handshake", "server_handshake", "new_secret", "recv_exact"]
 

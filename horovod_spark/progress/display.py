@@ -17,7 +17,7 @@ import sys
 import threading
 from typing import Any
 
-from .progress import PROGRESS_MARK, WINDOW, _CALLBACK_MARK, _POSITION, ENABLED
+from .rank import PROGRESS_MARK, WINDOW, _CALLBACK_MARK, _POSITION, ENABLED
 
 __all__ = ["Display"]
 

@@ -2,7 +2,7 @@
 
 Terms.  The *task* is the PySpark worker running `run_task` for one partition;
 its partition id is the *rank*.  The *child* is the rank process
-(`python -m collectives.worker`) the task starts: crash isolation, a clean
+(`python -m collectives.launch.worker`) the task starts: crash isolation, a clean
 CUDA context, and its own process group.  The *task store* (`_spark_store.SparkStore`) is
 the store server the task hosts on its executor's address: the task puts the
 pickled function in it and reads the child's result from it; the keys the
@@ -43,7 +43,7 @@ import time
 import traceback
 from typing import Iterator, Optional, Tuple
 
-from ._output import CALLBACK_MARK, LogClient, failure_marker
+from .logchannel import CALLBACK_MARK, LogClient, failure_marker
 
 __all__ = ["TaskSpec", "run_task", "RankFailure"]
 
@@ -151,7 +151,7 @@ class RankProcess:
     """The child of one task, from start to its result or its failure record."""
 
     def __init__(self, spec: TaskSpec, ctx) -> None:
-        from ._spark_store import SparkStore
+        from .spark_store import SparkStore
 
         self.spec, self.ctx, self.rank = spec, ctx, ctx.partitionId()
         self.hosts = hosts = task_hosts(ctx)
@@ -166,13 +166,13 @@ class RankProcess:
             self.server.close()
             raise
         self.log = LogClient(spec.log_address, spec.secret, spec.job, self.rank, on_abort=self.abort)
-        self.child = None  # subprocess.Popen, or _warm.WarmChild when forked from the zygote
+        self.child = None  # subprocess.Popen, or warm.WarmChild when forked from the zygote
         self.env: dict = {}
         self.warm = spec.warm
         self._pumps: list = []
 
     def start(self) -> None:
-        from . import _warm
+        from . import warm
 
         self.server.set(f"{self.spec.job}/fn", self.spec.payload)
         gpus = self.ctx.resources().get("gpu")
@@ -182,12 +182,12 @@ class RankProcess:
             visible = host_gpus(self.server, self.spec.job, self.rank, self.hosts,
                                 list(gpus.addresses), GPU_EXCHANGE_TIMEOUT)
         self.env = env = child_env(self.spec, self.renv, visible)
-        self.warm = self.warm and gpus is None and _warm.enabled(env)
+        self.warm = self.warm and gpus is None and warm.enabled(env)
         if self.warm:
-            env["HVS_WARM_REPORT"] = ",".join(_warm.REPORT)
-            self.child = _warm.spawn(executable, env)
+            env["HVS_WARM_REPORT"] = ",".join(warm.REPORT)
+            self.child = warm.spawn(executable, env)
         if self.child is None:
-            self.child = subprocess.Popen([executable, "-m", "collectives.worker"], env=env,
+            self.child = subprocess.Popen([executable, "-m", "collectives.launch.worker"], env=env,
                                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, start_new_session=True,
                                           preexec_fn=_die_with_parent if _PRCTL else None)
@@ -233,7 +233,7 @@ class RankProcess:
         key = f"{self.spec.job}/result/{self.rank}"
         blob = self.server.get(key) if self.server.check(key) else None
         if blob is not None and _status(blob) == "ok":
-            from ._checks import check_result_size
+            from .checks import check_result_size
 
             if self.spec.rank0_only and self.rank != 0:
                 return None
@@ -292,10 +292,10 @@ class RankProcess:
         if not self.warm or self.child is None or self.child.returncode != 0 or \
                 not self.server.check(key):
             return
-        from . import _warm
+        from . import warm
 
         imported = self.server.get(key).decode("ascii", "replace").split(",")
-        _warm.learn(self.spec.executable or sys.executable, self.env, imported)
+        warm.learn(self.spec.executable or sys.executable, self.env, imported)
 
 
 def run_task(spec: TaskSpec, _partition: Iterator) -> Iterator[Tuple[int, Optional[bytes]]]:

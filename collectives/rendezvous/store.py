@@ -26,8 +26,8 @@ import threading
 import time
 from typing import Callable, Iterable, Optional
 
-from . import _auth
-from .errors import AuthenticationError, CollectiveError, CollectiveTimeout, PeerLostError, describe
+from . import auth
+from ..errors import AuthenticationError, CollectiveError, CollectiveTimeout, PeerLostError, describe
 
 __all__ = ["Store", "InMemoryStore", "PrefixStore", "TCPStore", "StoreServer"]
 
@@ -191,7 +191,7 @@ class StoreServer(InMemoryStore):
 
     def _serve_authenticated(self, conn: socket.socket) -> None:
         try:
-            _auth.server_handshake(conn, self._secret, "store")
+            auth.server_handshake(conn, self._secret, "store")
         except AuthenticationError:
             if not self._closed:  # a handshake cut short by close() is no attack
                 self.rejected += 1
@@ -206,17 +206,17 @@ class StoreServer(InMemoryStore):
 
     def _handle(self, conn) -> bool:
         try:
-            head = _auth.recv_exact(conn, 5)
+            head = auth.recv_exact(conn, 5)
         except ConnectionError:
             return False
         cmd, klen = head[0], struct.unpack(">I", head[1:])[0]
         if klen > MAX_KEY:
             raise ValueError("key too long")
-        key = _auth.recv_exact(conn, klen).decode()
-        vlen = struct.unpack(">Q", _auth.recv_exact(conn, 8))[0]
+        key = auth.recv_exact(conn, klen).decode()
+        vlen = struct.unpack(">Q", auth.recv_exact(conn, 8))[0]
         if vlen > MAX_VALUE:
             raise ValueError("value too long")
-        value = _auth.recv_exact(conn, vlen) if vlen else b""
+        value = auth.recv_exact(conn, vlen) if vlen else b""
         status, out = self._dispatch(cmd, key, value)
         conn.sendall(bytes([status]) + struct.pack(">Q", len(out)) + out)
         return True
@@ -290,7 +290,7 @@ class TCPStore(Store):
                 if time.monotonic() > deadline:
                     raise PeerLostError(f"cannot reach the rendezvous store at {address}: {exc}") from exc
                 time.sleep(0.05)
-        _auth.client_handshake(sock, secret, "store", timeout=max(deadline - time.monotonic(), 1.0))
+        auth.client_handshake(sock, secret, "store", timeout=max(deadline - time.monotonic(), 1.0))
         sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return cls(sock, address)
@@ -299,9 +299,9 @@ class TCPStore(Store):
         with self._lock:
             try:
                 _send_frame(self._sock, bytes([cmd]), key.encode(), value)
-                status = _auth.recv_exact(self._sock, 1)[0]
-                n = struct.unpack(">Q", _auth.recv_exact(self._sock, 8))[0]
-                out = _auth.recv_exact(self._sock, n) if n else b""
+                status = auth.recv_exact(self._sock, 1)[0]
+                n = struct.unpack(">Q", auth.recv_exact(self._sock, 8))[0]
+                out = auth.recv_exact(self._sock, n) if n else b""
             except (OSError, ConnectionError) as exc:
                 raise PeerLostError(describe(
                     f"lost the rendezvous store: {exc}", op=f"store {_NAMES[cmd]} {key!r}",

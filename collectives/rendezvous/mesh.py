@@ -19,9 +19,9 @@ import threading
 import time
 from typing import Dict
 
-from . import _auth
-from .backends.base import Topology
-from .errors import AuthenticationError, CollectiveTimeout, PeerLostError, describe
+from . import auth
+from ..backends.base import Topology
+from ..errors import AuthenticationError, CollectiveTimeout, PeerLostError, describe
 from .store import Store
 
 __all__ = ["Mesh", "build_mesh"]
@@ -79,8 +79,8 @@ def _accept_peers(listener, rank, size, secret, deadline, socks, errors, stats):
     def vet(conn):
         try:
             left = max(min(deadline - time.monotonic(), 10.0), 0.1)
-            _auth.server_handshake(conn, secret, "mesh", timeout=left)
-            peer = struct.unpack(">i", _auth.recv_exact(conn, 4, time.monotonic() + left))[0]
+            auth.server_handshake(conn, secret, "mesh", timeout=left)
+            peer = struct.unpack(">i", auth.recv_exact(conn, 4, time.monotonic() + left))[0]
         except (AuthenticationError, OSError, ConnectionError):
             peer = None
         with lock:
@@ -119,7 +119,7 @@ def _connect_peer(rank, size, peer, info, secret, deadline):
         sock = None
         try:
             sock = socket.create_connection((info["addr"], info["port"]), timeout=min(5.0, left))
-            _auth.client_handshake(sock, secret, "mesh", timeout=min(10.0, left))
+            auth.client_handshake(sock, secret, "mesh", timeout=min(10.0, left))
             sock.sendall(struct.pack(">i", rank))
             return _tune(sock)
         except (OSError, AuthenticationError) as exc:

@@ -22,10 +22,10 @@ from typing import Optional, Sequence
 
 import cloudpickle
 
-from . import _auth
-from ._procs import RankFailed, RankGroup
-from ._rankenv import RankEnv
-from .store import TCPStore
+from ..rendezvous import auth
+from .procs import RankFailed, RankGroup
+from .rankenv import RankEnv
+from ..rendezvous.store import TCPStore
 
 __all__ = ["run_local", "RankFailed", "RankEnv", "main"]
 
@@ -66,7 +66,7 @@ def start_ranks(cmd: Sequence[str], np_: int, env: Optional[dict] = None, hosts=
     """Start np_ processes running cmd with the rank environment; returns (group, store)."""
     if not isinstance(np_, int) or np_ < 1:
         raise ValueError(f"np must be a positive number of ranks, got {np_!r}")
-    secret = secret or _auth.new_secret()
+    secret = secret or auth.new_secret()
     server = TCPStore.serve("127.0.0.1", secret)
     job = f"job-{uuid.uuid4().hex[:12]}"
     procs = []
@@ -97,7 +97,7 @@ def run_local(fn, np: int, args: Sequence = (), kwargs: Optional[dict] = None,
         blob = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
     except Exception as exc:
         raise TypeError(f"the function or its arguments cannot be pickled: {exc}") from exc
-    group, server = start_ranks([sys.executable, "-m", "collectives.worker"], np, env, hosts,
+    group, server = start_ranks([sys.executable, "-m", "collectives.launch.worker"], np, env, hosts,
                                 stdout, stderr, secret, prefix_output)
     server.set(f"{group.job}/fn", blob)
     with group:

@@ -13,8 +13,8 @@ import traceback
 
 import cloudpickle
 
-from ._rankenv import RankEnv
-from .store import TCPStore
+from .rankenv import RankEnv
+from ..rendezvous.store import TCPStore
 
 
 def _error_record(exc: BaseException) -> tuple:
@@ -28,7 +28,7 @@ def _error_record(exc: BaseException) -> tuple:
 def main() -> int:
     env = RankEnv.from_environ()
     if env is None:
-        print("collectives.worker: no rank environment (HVS_RANK ...); start ranks with "
+        print("collectives.launch.worker: no rank environment (HVS_RANK ...); start ranks with "
               "collectives.launch or horovod_spark", file=sys.stderr)
         return 2
     store = TCPStore.connect(env.store_addr, env.secret)

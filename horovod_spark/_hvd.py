@@ -31,7 +31,7 @@ def gpu_ordinal() -> "Optional[int]":
     """The CUDA ordinal of this rank's own GPU where the Spark task assigned one (the task
     makes every GPU of the ranks on its host visible, in local-rank order), else None.
     The adapters' init() makes it the framework's current device."""
-    from collectives._rankenv import RankEnv
+    from collectives.launch.rankenv import RankEnv
 
     renv = RankEnv.from_environ()
     return None if renv is None else renv.gpu_ordinal

@@ -1,16 +1,16 @@
 """Warm starts: a task's rank process forked from a zygote that has imported the job's modules.
 
-A rank process starts as `python -m collectives.worker` and then imports what
+A rank process starts as `python -m collectives.launch.worker` and then imports what
 its function needs; torch alone costs 1.5-3 s of CPU, paid by every rank of
 every job, while the task's partition waits.  The Python worker that ran the
 task stays alive for the next task (Spark reuses its Python workers), so after
-a job it keeps a *zygote* (`collectives.zygote`): a process with the same
+a job it keeps a *zygote* (`collectives.launch.zygote`): a process with the same
 interpreter and environment that has imported the fork-safe heavy modules the
 last job's rank imported.  The next job's rank on that worker is forked from
 it and starts in milliseconds.
 
 Terms.  The *owner* is this module in the Python worker; it talks to its
-zygote over a private socketpair (nothing listens; see `collectives.zygote`).
+zygote over a private socketpair (nothing listens; see `collectives.launch.zygote`).
 The zygote's *key* is its interpreter and the rank environment without the
 per-job variables (HVS_*, HOROVOD_RANK...): a job whose environment differs
 (another PYTHONPATH, OMP_NUM_THREADS, a user variable) starts its ranks
@@ -41,7 +41,7 @@ import subprocess
 import threading
 from typing import Mapping, Optional
 
-from collectives.zygote import MAX_PACKET, die_with_parent
+from collectives.launch.zygote import MAX_PACKET, die_with_parent
 
 __all__ = ["enabled", "spawn", "learn", "shutdown", "WarmChild", "REPORT"]
 
@@ -124,7 +124,7 @@ class _Owner:
             try:
                 fd = theirs.fileno()
                 self.proc = subprocess.Popen(
-                    [executable, "-m", "collectives.zygote", str(fd), *self.modules], env=env,
+                    [executable, "-m", "collectives.launch.zygote", str(fd), *self.modules], env=env,
                     pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                     start_new_session=True, preexec_fn=die_with_parent)
             finally:

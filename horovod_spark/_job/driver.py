@@ -23,14 +23,14 @@ import sys
 import uuid
 from typing import Mapping, Optional, Tuple
 
-from collectives._procs import failure_text, signal_name
+from collectives.launch.procs import failure_text, signal_name
 from collectives.errors import describe
 
-from . import _checks, _warm
-from ._output import LineSink, LogServer, parse_failure_markers
-from ._pickling import code_files, pickle_job, restore_frames
-from .progress import ENABLED as _PROGRESS_ENV
-from .progress import PROGRESS_MARK, Tracked
+from . import checks, warm
+from .logchannel import LineSink, LogServer, parse_failure_markers
+from .pickling import code_files, pickle_job, restore_frames
+from ..progress import ENABLED as _PROGRESS_ENV
+from ..progress import PROGRESS_MARK, Tracked
 
 __all__ = ["JobFailedError", "run_on_spark", "run_on_driver", "JobOptions"]
 
@@ -223,10 +223,10 @@ def run_on_driver(fn, args, kwargs, opts: JobOptions) -> list:
 
 def _checks_before_submit(sc, opts: JobOptions) -> int:
     conf = sc.getConf()
-    _checks.check_dynamic_allocation(conf, sc.master)
-    _checks.check_gpus(conf, opts.np, warn=lambda m: opts.say(1, f"warning: {m}"))
-    _checks.wait_for_slots(sc, opts.np, opts.start_timeout, say=lambda m: opts.say(1, m))
-    return _checks.max_result_size(conf)
+    checks.check_dynamic_allocation(conf, sc.master)
+    checks.check_gpus(conf, opts.np, warn=lambda m: opts.say(1, f"warning: {m}"))
+    checks.wait_for_slots(sc, opts.np, opts.start_timeout, say=lambda m: opts.say(1, m))
+    return checks.max_result_size(conf)
 
 
 def _log_server(sc, secret: bytes, job: str, opts: JobOptions) -> Optional[LogServer]:
@@ -242,7 +242,7 @@ def _log_server(sc, secret: bytes, job: str, opts: JobOptions) -> Optional[LogSe
 def job_store(sc, secret: bytes, opts: JobOptions):
     """The attempt's rendezvous store on the driver (see _spark_store), or None: the tasks
     then meet through Spark's allGather (HOROVOD_SPARK_RENDEZVOUS=spark, or no listening)."""
-    from collectives.store import StoreServer
+    from collectives.rendezvous.store import StoreServer
 
     if os.environ.get("HOROVOD_SPARK_RENDEZVOUS", "driver").strip().lower() == "spark":
         return None
@@ -263,7 +263,7 @@ def run_on_spark(spark, fn, args, kwargs, opts: JobOptions) -> list:
     secret, job_id = os.urandom(32), f"hvs-{uuid.uuid4().hex[:12]}"
     for attempt in range(opts.max_restarts + 1):
         if attempt:
-            _checks.wait_for_slots(sc, opts.np, opts.start_timeout, say=lambda m: opts.say(1, m))
+            checks.wait_for_slots(sc, opts.np, opts.start_timeout, say=lambda m: opts.say(1, m))
         try:
             return _attempt(sc, payload, secret, f"{job_id}/a{attempt}", limit, opts, attempt,
                             code_files(fn))
@@ -275,7 +275,7 @@ def run_on_spark(spark, fn, args, kwargs, opts: JobOptions) -> list:
 
 def _attempt(sc, payload: bytes, secret: bytes, job: str, limit: int, opts: JobOptions,
              attempt: int, files: Mapping[str, str]) -> list:
-    from ._task import TaskSpec, run_task
+    from .task import TaskSpec, run_task
 
     server = _log_server(sc, secret, job, opts)
     store = job_store(sc, secret, opts)
@@ -283,7 +283,7 @@ def _attempt(sc, payload: bytes, secret: bytes, job: str, limit: int, opts: JobO
                     log_address=server.address if server else None, env=opts.env,
                     show_output=opts.show_output, rank0_only=opts.rank0_only,
                     result_limit=limit, executable=opts.executable,
-                    warm=_warm.enabled(dict(opts.env)),
+                    warm=warm.enabled(dict(opts.env)),
                     job_store=store.address if store else None)
     tag = f"horovod-spark-{job.replace('/', '-')}"
     opts.say(2, f"{job}: {opts.np} ranks on {sc.master}")

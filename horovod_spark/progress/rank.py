@@ -40,7 +40,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-__all__ = ["report", "keras_callback", "Display", "Tracked", "FitTracked", "PROGRESS_MARK",
+__all__ = ["report", "keras_callback", "Tracked", "FitTracked", "PROGRESS_MARK",
            "ENABLED"]
 
 #: Starts a record.  STX, not a character str.splitlines() breaks at (as it does at \x1e).
@@ -49,7 +49,7 @@ PROGRESS_MARK = "\x02hvs-progress\x02"
 ENABLED = (("HVS_PROGRESS", "1"),)
 MIN_INTERVAL = 0.25   # seconds between two records of one rank (epoch ends excepted)
 WINDOW = 5.0          # seconds of records the rates are computed over
-_CALLBACK_MARK = "\x1ehvs-log\x1e"  # horovod_spark._output.CALLBACK_MARK (kept import-free)
+_CALLBACK_MARK = "\x1ehvs-log\x1e"  # horovod_spark._job.logchannel.CALLBACK_MARK (kept import-free)
 _POSITION = ("epoch", "epochs", "step", "steps")
 
 
@@ -335,4 +335,4 @@ class FitTracked(Tracked):
         s.epochs = int(spec.epochs)
 
 
-from ._progress_display import Display  # noqa: E402  (the driver side)
+# Display lives in .display; the package face re-exports it.

@@ -4,7 +4,7 @@ Terms.  A *task* is one barrier task on an executor; it owns one rank process
 and a *log client*.  The *log server* runs on the driver, bound to the
 driver's address.  A *frame* is a 4-byte big-endian length and a JSON object;
 nothing on this channel is ever a pickle.  Every connection runs the mutual
-HMAC handshake of `collectives._auth` (context "log") before its first frame
+HMAC handshake of `collectives.rendezvous.auth` (context "log") before its first frame
 is read, and then a `hello` frame naming the job and rank.
 
 Frames, task -> driver:
@@ -96,7 +96,7 @@ def send_frame(sock: socket.socket, obj: dict) -> None:
 
 def recv_frame(sock: socket.socket) -> Optional[dict]:
     """The next frame, or None at a clean EOF; ValueError for a bad frame."""
-    from collectives._auth import recv_exact
+    from collectives.rendezvous.auth import recv_exact
 
     try:
         head = recv_exact(sock, 4)
@@ -164,7 +164,7 @@ class LogServer:
             threading.Thread(target=self._serve, args=(conn,), name="hvs-log", daemon=True).start()
 
     def _hello(self, conn: socket.socket) -> Optional[int]:
-        from collectives._auth import server_handshake
+        from collectives.rendezvous.auth import server_handshake
         from collectives.errors import AuthenticationError
 
         try:
@@ -262,7 +262,7 @@ class LogClient:
         self._sender.start()
 
     def _connect(self) -> socket.socket:
-        from collectives._auth import client_handshake
+        from collectives.rendezvous.auth import client_handshake
 
         host, port = self.address.rsplit(":", 1)
         sock = socket.create_connection((host, int(port)), timeout=self._connect_timeout)

@@ -36,7 +36,7 @@ import threading
 from typing import Callable, List, Optional
 
 from collectives.errors import CollectiveTimeout, PeerLostError, describe
-from collectives.store import StoreServer, TCPStore
+from collectives.rendezvous.store import StoreServer, TCPStore
 
 __all__ = ["SparkStore"]
 

@@ -1,10 +1,10 @@
 """A zygote: a process that has imported a job's heavy modules and forks rank processes.
 
-    python -m collectives.zygote FD [MODULE ...]
+    python -m collectives.launch.zygote FD [MODULE ...]
 
 Importing torch takes 1.5-3 s of CPU per process; a rank process forked from a
 process that has already imported it starts in a few milliseconds.  The
-zygote is started by its *owner* (`horovod_spark._warm`, in the process that
+zygote is started by its *owner* (`horovod_spark._job.warm`, in the process that
 runs Spark tasks) with one end of an AF_UNIX SOCK_SEQPACKET socketpair as FD.
 That socket is the zygote's only channel: no address, nothing listens, and
 the kernel guarantees the peer is the owner that created the pair (so there is
@@ -17,7 +17,7 @@ Protocol (one JSON object per packet):
   zygote -> owner  {"spawn": id, "pid": pid}  or  {"spawn": id, "error": text}
   zygote -> owner  {"exit": pid, "status": rc}   rc as subprocess.Popen.returncode
 
-A spawned child behaves as `python -m collectives.worker` started with `env`
+A spawned child behaves as `python -m collectives.launch.worker` started with `env`
 and `cwd` would: its own session (its pid is its process group, so the owner
 kills it and its children with killpg), stdin from /dev/null, stdout and
 stderr on the owner's pipes, a fresh seed for `random` and numpy's global
@@ -159,7 +159,7 @@ class Zygote:
 
 
 def _child(env: dict, cwd, fds: list, sync_w: int, inherited: list) -> None:
-    """The forked rank process: become what `python -m collectives.worker` would be."""
+    """The forked rank process: become what `python -m collectives.launch.worker` would be."""
     rc = 1
     try:
         os.setsid()
@@ -185,7 +185,7 @@ def _child(env: dict, cwd, fds: list, sync_w: int, inherited: list) -> None:
             os.chdir(cwd)
         _fresh_state(env)
         sys.argv = ["-m"]
-        from collectives import worker
+        from collectives.launch import worker
 
         rc = worker.main()
     except SystemExit as exc:
