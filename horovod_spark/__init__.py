@@ -8,9 +8,10 @@ See `horovod_spark.runner` for the launch API; `horovod_spark.torch` and
 """
 from __future__ import annotations
 
+from collectives import __version__
+
 from ._job.driver import JobFailedError
 from ._job.logchannel import log_to_driver
 from .runner import HorovodRunner, run
 
 __all__ = ["HorovodRunner", "run", "JobFailedError", "log_to_driver", "__version__"]
-__version__ = "0.1.0"
