@@ -1,4 +1,4 @@
-"""`horovod-spark run --np N script.py [args]`: a script as every rank of a job.
+"""`horovod-spark run --np N [python] script.py [args]`: a script as every rank of a job.
 
 The script's source is read on the driver and shipped with the job, so the
 executors need not see the driver's files; each rank runs it as `__main__`
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import types
 from typing import Optional, Sequence
@@ -45,61 +46,117 @@ class ScriptMain:
                 sys.modules["__main__"] = saved[1]
 
 
+_EXAMPLES = """\
+examples:
+  horovod-spark run --np 2 python train.py --epochs 3     2 Spark barrier tasks
+  horovod-spark run --np -2 train.py                      2 local processes, no Spark
+  horovod-spark run --np 8 --master spark://host:7077 --conf spark.task.cpus=2 train.py
+  horovod-spark run --np 4 --mpi train.py                 through mpiexec -n 4
+"""
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="horovod-spark", description="Distributed training on Spark.")
-    sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run", help="run a script as every rank of a job")
-    r.add_argument("--np", "-np", type=int, required=True,
-                   help="ranks: > 0 as Spark barrier tasks, < 0 as local processes on this machine")
-    r.add_argument("--master", help="Spark master URL (default: the active one, or local[N])")
+    from . import __version__
+
+    p = argparse.ArgumentParser(prog="horovod-spark", description="Distributed training on Spark.",
+                                epilog=_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"horovod-spark {__version__}",
+                   help="print the version and exit")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                           help="`horovod-spark run --help` lists its options")
+    r = sub.add_parser("run", help="run a script as every rank of a job", epilog=_EXAMPLES,
+                       description="Run a Python script as every rank of a job.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    r.add_argument("--np", "-np", type=int, required=True, metavar="N",
+                   help="ranks: N > 0 as Spark barrier tasks, N < 0 as -N local processes on "
+                        "this machine without Spark")
+    r.add_argument("--master", metavar="URL",
+                   help="Spark master URL (default: spark-submit's, else an embedded local[N])")
+    r.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark setting for the session this command starts (repeatable)")
     r.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="add to every rank's environment (repeatable)")
-    r.add_argument("--max-restarts", type=int, default=0, help="rerun every rank after a failure")
-    r.add_argument("--start-timeout", type=float, default=None,
-                   help="seconds to wait for executors to offer np slots")
-    r.add_argument("--verbose", type=int, default=1)
+    r.add_argument("--max-restarts", type=int, default=0, metavar="K",
+                   help="rerun every rank up to K times after a failure (default 0)")
+    r.add_argument("--start-timeout", type=float, default=None, metavar="SECONDS",
+                   help="seconds to wait for executors to offer np task slots (default 600)")
+    r.add_argument("--verbose", type=int, default=1, choices=(0, 1), metavar="{0,1}",
+                   help="1: a progress bar while the job runs (default); 0: none")
     r.add_argument("--mpi", action="store_true",
                    help="run `mpiexec -n N python script.py args` instead of Spark tasks")
-    r.add_argument("script")
-    r.add_argument("args", nargs=argparse.REMAINDER)
+    r.add_argument("script", metavar="[python] script.py",
+                   help="the script every rank runs as __main__ (a leading `python` is allowed)")
+    r.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
+                   help="the script's arguments (its sys.argv[1:])")
     return p
 
 
-def _env(pairs: Sequence[str]) -> dict:
+def _pairs(option: str, pairs: Sequence[str]) -> dict:
     out = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep or not name:
-            raise SystemExit(f"horovod-spark run: --env needs NAME=VALUE, got {pair!r}")
+            raise _Refused(f"{option} needs NAME=VALUE, got {pair!r}")
         out[name] = value
     return out
 
 
-def _session(master: Optional[str], np_: int):
+class _Refused(Exception):
+    """A command line we refuse before anything starts: one line, exit status 2."""
+
+
+def _script(ns) -> tuple:
+    """The script and its arguments, with a leading interpreter (`python train.py`) dropped."""
+    script, args = ns.script, list(ns.args)
+    if _is_python(script):
+        if args[:1] == ["-m"]:
+            raise _Refused("`python -m MODULE` is not supported: give the script's path")
+        if not args:
+            raise _Refused(f"{script} needs a script: horovod-spark run --np N {script} train.py")
+        script, args = args[0], args[1:]
+    if not os.path.isfile(script) and (script.endswith(".py") or not ns.mpi):
+        raise _Refused(f"no such script: {script} (from {os.getcwd()})")
+    return script, args
+
+
+def _is_python(word: str) -> bool:
+    name = os.path.basename(word)
+    return word == sys.executable or re.fullmatch(r"python[0-9.]*", name) is not None
+
+
+def _session(master: Optional[str], np_: int, conf: dict):
     from ._job.session import get_session
 
     if master is None:
-        return get_session(np_)
+        return get_session(np_, conf=conf)
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    return SparkSession.builder.master(master).appName("horovod-spark").getOrCreate()
+    builder = SparkSession.builder.master(master).appName("horovod-spark")
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
 
 
 def _run(ns) -> int:
     from . import runner
     from ._job.driver import JobFailedError
 
+    script, args = _script(ns)
+    env, conf = _pairs("--env", ns.env), _pairs("--conf", ns.conf)
+    if conf and (ns.np < 0 or ns.mpi):
+        raise _Refused("--conf sets Spark settings, but " +
+                       ("--mpi" if ns.mpi else f"--np {ns.np}") + " runs without Spark")
     if ns.mpi:
         from ._job.mpirun import run_mpi
 
-        return run_mpi(abs(ns.np), ns.script, ns.args, env={**os.environ, **_env(ns.env)})
-    with open(ns.script, encoding="utf-8") as f:
-        fn = ScriptMain(ns.script, f.read(), ns.args)
+        return run_mpi(abs(ns.np), script, args, env={**os.environ, **env})
+    with open(script, encoding="utf-8") as f:
+        fn = ScriptMain(script, f.read(), args)
     if ns.np > 0:
-        _session(ns.master, ns.np)
+        _session(ns.master, ns.np, conf)
     try:
-        runner.run(fn, num_proc=ns.np, env=_env(ns.env), start_timeout=ns.start_timeout,
+        runner.run(fn, num_proc=ns.np, env=env, start_timeout=ns.start_timeout,
                    verbose=ns.verbose, max_restarts=ns.max_restarts)
     except JobFailedError as exc:
         print(f"horovod-spark run: {exc}", file=sys.stderr)
@@ -111,10 +168,13 @@ def _run(ns) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The `horovod-spark` console script; returns the exit status."""
     ns = _parser().parse_args(argv)
-    if ns.command == "run":
+    try:
         return _run(ns)
-    return 2
+    except _Refused as exc:
+        print(f"horovod-spark {ns.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import os
 import sys
 import tempfile
 import warnings
-from typing import Optional
+from typing import Mapping, Optional
 
 __all__ = ["get_session", "embedded_master", "package_root"]
 
@@ -57,20 +57,20 @@ def _log4j_file() -> str:
     return path
 
 
-def _start_embedded(np_hint: int):
+def _start_embedded(np_hint: int, conf: Mapping[str, str]):
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     log4j = _log4j_file()
     java_opts = f"-Dlog4j.configurationFile=file:{log4j}"
     try:
-        spark = _build(np_hint, java_opts)
+        spark = _build(np_hint, java_opts, conf)
     finally:  # the JVM read it at startup
         os.unlink(log4j)
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
 
-def _build(np_hint: int, java_opts: str):
+def _build(np_hint: int, java_opts: str, conf: Mapping[str, str]):
     from pyspark.sql import SparkSession
 
     builder = (SparkSession.builder.master(embedded_master(np_hint))
@@ -80,16 +80,20 @@ def _build(np_hint: int, java_opts: str):
              .config("spark.driver.extraJavaOptions", java_opts)
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.ui.enabled", "false"))
+    for key, value in conf.items():  # the caller's settings win over the defaults above
+        builder = builder.config(key, value)
     with warnings.catch_warnings():  # PySpark's own pandas-version notice, not the user's
         warnings.filterwarnings("ignore", "PySpark does not yet fully support pandas")
         return builder.getOrCreate()
 
 
-def get_session(np_hint: int = 0, start: bool = True):
+def get_session(np_hint: int = 0, start: bool = True, conf: Optional[Mapping[str, str]] = None):
     """The active SparkSession; else a session on the active SparkContext; else embedded.
 
-    Returns None when there is none and `start` is False.
+    `conf` (Spark settings) applies to a session this call starts: under spark-submit
+    or the embedded one.  Returns None when there is none and `start` is False.
     """
+    conf = dict(conf or {})
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
@@ -99,5 +103,8 @@ def get_session(np_hint: int = 0, start: bool = True):
     if SparkContext._active_spark_context is not None:
         return SparkSession(SparkContext._active_spark_context)
     if os.environ.get("PYSPARK_GATEWAY_PORT"):  # under spark-submit: its master and conf
-        return SparkSession.builder.getOrCreate()
-    return _start_embedded(np_hint) if start else None
+        builder = SparkSession.builder
+        for key, value in conf.items():
+            builder = builder.config(key, value)
+        return builder.getOrCreate()
+    return _start_embedded(np_hint, conf) if start else None

@@ -76,3 +76,67 @@ def test_the_cli_hands_the_script_to_mpiexec_with_mpi(tmp_path):
     done = horovod_spark_run("--mpi", "--np", "2", str(path), str(tmp_path / "out"), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert [(tmp_path / f"out.{r}").read_text() for r in (0, 1)] == ["mpi 2", "mpi 2"]
+
+
+# --------------------------------------------------------------------------- as users type it
+
+def test_the_cli_prints_its_version(tmp_path):
+    import horovod_spark
+
+    done = subprocess.run([sys.executable, "-m", "horovod_spark.cli", "--version"], cwd=tmp_path,
+                          env=bare_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"horovod-spark {horovod_spark.__version__}"
+    assert horovod_spark.__version__ == "0.2.0"
+
+
+@pytest.mark.parametrize("words", [("nope.py",), ("python", "nope.py", "--epochs", "3")])
+def test_a_missing_script_is_one_line_and_a_non_zero_status(tmp_path, words):
+    done = horovod_spark_run("--np", "2", *words, cwd=tmp_path, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"horovod-spark run: no such script: nope.py (from {tmp_path})"
+
+
+@pytest.mark.parametrize("args, says", [
+    (("--np", "-2", "--conf", "spark.task.cpus=2"), "--conf sets Spark settings, but --np -2 runs "
+                                                     "without Spark"),
+    (("--np", "2", "--conf", "spark.task.cpus"), "--conf needs NAME=VALUE, got 'spark.task.cpus'"),
+    (("--np", "2", "python", "-m", "train"), "`python -m MODULE` is not supported"),
+])
+def test_a_command_line_the_cli_refuses_is_one_line(script, tmp_path, args, says):
+    words = [a if a != "train" else str(script) for a in args]
+    if "python" not in words:
+        words.append(str(script))
+    done = horovod_spark_run(*words, cwd=tmp_path, timeout=120)
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1 and says in done.stderr, done.stderr
+
+
+def test_every_option_of_the_cli_has_help_text():
+    from horovod_spark.cli import _parser
+
+    parser = _parser()
+    run = parser._subparsers._group_actions[0].choices["run"]
+    for action in parser._actions + run._actions:
+        assert action.help, f"{action.option_strings or action.dest} has no help text"
+
+
+def test_a_leading_python_runs_the_script_as_horovodrun_users_type_it(script, tmp_path):
+    done = horovod_spark_run("--np", "-2", "python", str(script), "--epochs", "3", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    for rank in (0, 1):
+        assert f"[{rank}]<stdout>:rank {rank} of 2 argv ['--epochs', '3'] as __main__" in done.stdout
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_conf_reaches_the_embedded_spark_session(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text("import os, sys\n"
+                    "print('probe', os.environ.get('CLI_CONF_PROBE'), sys.argv[1:], flush=True)\n")
+    done = horovod_spark_run("--np", "2", "--conf", "spark.executorEnv.CLI_CONF_PROBE=from-conf",
+                             "python", "train.py", "x", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"[{rank}]<stdout>:probe from-conf ['x']" in done.stdout, done.stdout
