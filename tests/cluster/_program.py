@@ -1,0 +1,164 @@
+"""Driver programs the cluster tests run in the head host (one process, one Spark app).
+
+argv: a scenario name and its JSON arguments.  Prints `RESULT {json}`.  The
+training functions travel by value (cloudpickle), so the executors need
+nothing of this file.
+"""
+import json
+import os
+import sys
+import time
+
+import cloudpickle
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+import horovod_spark  # noqa: E402
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+COUNTS = (0, 1, 7, 1023, 1 << 18)  # elements: empty, one, odd, below and above chunk sizes
+
+
+def session(cores_max: int, executor_cores: int, conf=()):
+    from pyspark.sql import SparkSession
+
+    b = (SparkSession.builder.master(os.environ["HVS_TEST_MASTER"]).appName("hvs-cluster-test")
+         .config("spark.driver.host", os.environ["HVS_TEST_DRIVER_HOST"])
+         .config("spark.driver.bindAddress", os.environ["HVS_TEST_DRIVER_HOST"])
+         .config("spark.cores.max", str(cores_max))
+         .config("spark.executor.cores", str(executor_cores))
+         .config("spark.executor.memory", "600m").config("spark.driver.memory", "600m")
+         .config("spark.ui.enabled", "false")
+         .config("spark.executorEnv.PYTHONPATH", ROOT)
+         .config("spark.executorEnv.OMP_NUM_THREADS", "1")
+         .config("spark.python.worker.reuse", "true"))
+    for k, v in conf:
+        b = b.config(k, v)
+    spark = b.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    deadline = time.monotonic() + 120
+    while _executors(spark) < cores_max // executor_cores and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return spark
+
+
+def _executors(spark) -> int:
+    return spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1
+
+
+def inputs(rank: int, count: int, dtype):
+    """Exact in every dtype: small integers, different on each rank."""
+    import numpy as np
+
+    return ((np.arange(count) * (rank + 3) + rank) % 61 - 30).astype(dtype)
+
+
+def collectives_fn(counts, steps):
+    """Placement, allreduce results, a few training steps: what the driver compares."""
+    import hashlib
+    import socket
+
+    import numpy as np
+    import torch
+
+    import horovod_spark.torch as hvd
+
+    hvd.init()
+    r = hvd.rank()
+    sums = {}
+    for dtype in ("float32", "float64", "int32"):
+        for c in counts:
+            x = torch.from_numpy(inputs(r, c, dtype))
+            y = hvd.allreduce(x, op=hvd.Sum, name=f"t.{dtype}.{c}")
+            sums[f"{dtype}.{c}"] = hashlib.sha256(y.numpy().tobytes()).hexdigest()
+    torch.manual_seed(1234 + r)  # different data per rank, same start after broadcast
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                   named_parameters=model.named_parameters())
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = model(torch.randn(16, 32)).square().mean()
+        loss.backward()
+        opt.step()
+    weights = hashlib.sha256(b"".join(p.detach().numpy().tobytes()
+                                      for p in model.parameters())).hexdigest()
+    out = {"rank": r, "size": hvd.size(), "local_rank": hvd.local_rank(),
+           "local_size": hvd.local_size(), "cross_rank": hvd.cross_rank(),
+           "cross_size": hvd.cross_size(), "hostname": socket.gethostname(),
+           "addr": os.environ.get("HVS_BIND_ADDR"), "sums": sums, "weights": weights,
+           "metrics": {k: v for k, v in hvd.metrics().items() if isinstance(v, (int, float))}}
+    hvd.shutdown()
+    return out
+
+
+def expected_sums(size: int, counts) -> dict:
+    import hashlib
+
+    import numpy as np
+
+    out = {}
+    for dtype in ("float32", "float64", "int32"):
+        for c in counts:
+            total = sum(inputs(r, c, dtype) for r in range(size)) if c else np.zeros(0, dtype)
+            out[f"{dtype}.{c}"] = hashlib.sha256(np.asarray(total, dtype).tobytes()).hexdigest()
+    return out
+
+
+def scenario_collectives(a: dict) -> dict:
+    """Both rendezvous modes in one app: every rank's account, and numpy's sums."""
+    started = time.monotonic()
+    spark = session(a["np"], a["executor_cores"])
+    runs, seconds = {}, {"session": time.monotonic() - started}
+    for mode in a.get("modes", ("driver", "spark")):
+        os.environ["HOROVOD_SPARK_RENDEZVOUS"] = mode
+        started = time.monotonic()
+        runs[mode] = horovod_spark.run(collectives_fn, args=(COUNTS, a.get("steps", 3)),
+                                       num_proc=a["np"], env=a.get("env"), verbose=0)
+        seconds[mode] = time.monotonic() - started
+    return {"runs": runs, "expected": expected_sums(a["np"], COUNTS),
+            "executors": _executors(spark), "seconds": seconds}
+
+
+def hang_fn(marker_dir, seconds):
+    """Publish where this rank lives, then allreduce until killed from outside."""
+    import numpy as np
+
+    import horovod_spark.torch as hvd
+    import torch
+
+    hvd.init()
+    with open(os.path.join(marker_dir, f"rank{hvd.rank()}.json"), "w") as f:
+        json.dump({"pid": os.getpid(), "host": os.environ.get("HVS_BIND_ADDR")}, f)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        hvd.allreduce(torch.from_numpy(np.ones(1 << 16, np.float32)), name="spin")
+    return "finished"
+
+
+def scenario_fault(a: dict) -> dict:
+    """A job the test breaks from outside: the driver's error, and how long it took."""
+    session(a["np"], a["executor_cores"])
+    started = time.monotonic()
+    try:
+        horovod_spark.run(hang_fn, args=(a["markers"], a["seconds"]), num_proc=a["np"],
+                          env=a.get("env"), verbose=0)
+        return {"error": None}
+    except Exception as exc:  # the error under test
+        return {"error": str(exc), "type": type(exc).__name__,
+                "seconds": time.monotonic() - started}
+
+
+SCENARIOS = {"collectives": scenario_collectives, "fault": scenario_fault}
+
+if __name__ == "__main__":
+    name, args = sys.argv[1], json.loads(sys.argv[2])
+    result = SCENARIOS[name](args)
+    print("RESULT " + json.dumps(result), flush=True)
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:  # free the app's cores for the next driver program
+        active.stop()
