@@ -38,7 +38,8 @@ logger.gateway.level = error
 
 def package_root() -> str:
     """The directory holding the `horovod_spark` and `collectives` packages."""
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # horovod_spark/
+    return os.path.dirname(package)
 
 
 def embedded_master(np_hint: int = 0) -> str:
