@@ -82,6 +82,9 @@ class HorovodState:
                 raise TypeError(f"init(comm=...) takes a collectives.Communicator, got "
                                 f"{type(comm).__name__}; MPI sub-communicators are not supported")
             comm = comm if comm is not None else collectives.init(config)
+            from ._job.logchannel import forward_warnings
+
+            forward_warnings()  # a stall report reaches the driver whatever its verbosity
             self._engine = FusionEngine(comm, config if config is not None else comm.config,
                                         lane=self._lane)
             self._comm = comm

@@ -5,10 +5,12 @@ a rank whose oldest request is older than `stall_check_time` (and that has
 not seen a report for that long) raises the stall flag of the coordination
 vector.  Then every rank, in the same cycle, gathers every rank's pending
 names with their ages, and each rank that holds a stalled tensor logs a
-warning naming it and the ranks that have not submitted it.  Past
-`stall_shutdown_time` (when > 0) the tensor fails on the ranks that hold it
-with CollectiveTimeout, and every rank drops it: the decision uses the
-largest age over ranks, so every rank takes it alike.
+warning naming it, the ranks that have not submitted it and what those ranks
+wait in instead (a name submitted as another kind, or another name, shows up
+there).  Past `stall_shutdown_time` (default 300 s; 0: never) the tensor
+fails on the ranks that hold it with CollectiveTimeout, and every rank drops
+it: the decision uses the largest age over ranks, so every rank takes it
+alike.  A stall is a hang, so the default fails it rather than waits.
 """
 from __future__ import annotations
 
@@ -23,6 +25,11 @@ __all__ = ["StallWatch"]
 
 log = logging.getLogger("collectives.fusion")
 _HINT = "a rank skipped this op or runs fewer steps; hvd.join() ends uneven loops"
+_SHUTDOWN_HINT = ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS was reached; every rank must submit the same "
+                  "names with the same kinds; set it higher where one rank works alone longer, "
+                  "or 0 to wait for ever")
+#: Pending ops of a missing rank named in a report.
+_SHOWN = 3
 
 
 class StallWatch:
@@ -55,12 +62,12 @@ class StallWatch:
             age = max(v[2] for v in by_rank.values())
             missing = [r for r in range(self.size) if r not in by_rank and not joined[r]]
             if missing and age >= self._config.stall_check_time:
-                self._stalled(name, by_rank, missing, age, pending, table, done)
+                text = (f"stalled for {age:.1f} s: submitted by ranks {sorted(by_rank)}, "
+                        f"not yet by ranks {missing}; " + _instead(missing, holders))
+                self._stalled(name, by_rank, text, age, pending, table, done)
 
-    def _stalled(self, name, by_rank, missing, age, pending, table, done) -> None:
+    def _stalled(self, name, by_rank, text, age, pending, table, done) -> None:
         tensor, kind, _ = next(iter(by_rank.values()))
-        text = (f"stalled for {age:.1f} s: submitted by ranks {sorted(by_rank)}, "
-                f"not yet by ranks {missing}")
         where = dict(rank=self.rank, size=self.size, op=kind, tensor=tensor)
         if self.rank in by_rank:
             log.warning(describe(text, hint=_HINT, **where))
@@ -70,5 +77,21 @@ class StallWatch:
             req = pending.pop(name, None)
             if req is not None:
                 done(req, None, CollectiveTimeout(describe(
-                    text, timeout=limit, hint="HOROVOD_STALL_SHUTDOWN_TIME_SECONDS was reached",
-                    **where)))
+                    text, timeout=limit, hint=_SHUTDOWN_HINT, **where)))
+
+
+def _instead(missing: list, holders: Dict[str, dict]) -> str:
+    """What the missing ranks wait in instead, oldest first: the clue to a name or kind
+    that differs between ranks."""
+    parts = []
+    for r in missing:
+        theirs = sorted(((by_rank[r][2], by_rank[r][1], by_rank[r][0])
+                         for by_rank in holders.values() if r in by_rank), reverse=True)
+        if not theirs:
+            parts.append(f"rank {r} has submitted nothing (is it outside the training loop, or "
+                         "has it returned?)")
+            continue
+        shown = ", ".join(f"{kind} {tensor}" for _, kind, tensor in theirs[:_SHOWN])
+        more = f" and {len(theirs) - _SHOWN} more" if len(theirs) > _SHOWN else ""
+        parts.append(f"rank {r} waits in {shown}{more}")
+    return "; ".join(parts)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import queue
 import re
@@ -35,8 +36,8 @@ import threading
 import time
 from typing import Callable, Optional
 
-__all__ = ["LogServer", "LogClient", "LineSink", "log_to_driver", "failure_marker",
-           "parse_failure_markers", "CALLBACK_MARK"]
+__all__ = ["LogServer", "LogClient", "LineSink", "log_to_driver", "forward_warnings",
+           "failure_marker", "parse_failure_markers", "CALLBACK_MARK"]
 
 MAX_FRAME = 1 << 20
 #: Prefix of a line a rank wrote with `log_to_driver`; the task strips it.
@@ -53,6 +54,28 @@ def log_to_driver(message: str) -> None:
     if os.environ.get("HVS_LOG_CALLBACK") == "1":
         message = "\n".join(CALLBACK_MARK + part for part in str(message).split("\n"))
     print(message, flush=True)
+
+
+class _DriverHandler(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            log_to_driver(self.format(record))
+        except Exception:  # a failing output stream never fails the job
+            self.handleError(record)
+
+
+def forward_warnings(logger: str = "collectives") -> None:
+    """Send `logger`'s warnings (a stall report, say) to the driver's output whatever
+    `driver_log_verbosity` says, when this process is a rank of a Spark task."""
+    if os.environ.get("HVS_LOG_CALLBACK") != "1":
+        return
+    target = logging.getLogger(logger)
+    if any(isinstance(h, _DriverHandler) for h in target.handlers):
+        return
+    handler = _DriverHandler(logging.WARNING)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    target.addHandler(handler)
+    target.propagate = False  # once, not also on stderr
 
 
 def failure_marker(record: dict) -> str:

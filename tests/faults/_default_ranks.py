@@ -1,0 +1,103 @@
+"""Rank code of the default-settings fault tests: careless jobs run with the defaults.
+
+Each function is a training function a careless user could write: ranks that
+submit one name as different kinds, ranks that run different step counts, a
+rank frozen after its last collective.  Notes (see `_fault_ranks.note`) tell
+the test what each rank did and when.  Every wait here is bounded, so a fix
+that does not fire ends the job (and fails the test) rather than hanging it.
+
+Pickled by value (see the bottom): Spark's executors cannot import this module.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import cloudpickle
+
+
+def note(outdir, rank, what, **data):
+    import json
+
+    path = os.path.join(outdir, f"{what}.{rank}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(data, f)
+    os.replace(path + ".tmp", path)
+
+
+def _noted(outdir, body):
+    """body(hvd) after hvd.init(); the error a rank sees goes in a note before it leaves."""
+    import horovod_spark.torch as hvd
+
+    hvd.init()
+    rank = hvd.rank()
+    note(outdir, rank, "pid", pid=os.getpid(), t=time.time())
+    try:
+        return body(hvd, rank)
+    except BaseException as exc:
+        note(outdir, rank, "error", type=type(exc).__name__, message=str(exc), t=time.time())
+        raise
+
+
+def kinds_differ(outdir, check_s=None, shutdown_s=None):
+    """Rank 0 allreduces 'x', the others allgather 'x': a stall no rank can end.
+
+    check_s, shutdown_s: the stall times, set in the function's own environment
+    before hvd.init() (what a HorovodRunner user can do)."""
+    for var, value in (("HOROVOD_STALL_CHECK_TIME_SECONDS", check_s),
+                       ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", shutdown_s)):
+        if value is not None:
+            os.environ[var] = str(value)
+
+    def body(hvd, rank):
+        import torch
+
+        t = torch.ones(4)
+        note(outdir, rank, "submitted", t=time.time())
+        if rank == 0:
+            return hvd.allreduce(t, name="x").tolist()
+        return hvd.allgather(t, name="x").tolist()
+
+    return _noted(outdir, body)
+
+
+def uneven_steps(outdir, extra_rank=1, steps=3):
+    """Every rank runs `steps` allreduces of 'x'; `extra_rank` runs one more."""
+    def body(hvd, rank):
+        import torch
+
+        for _ in range(steps + (rank == extra_rank)):
+            if rank == extra_rank:
+                note(outdir, rank, "waiting", t=time.time())
+            hvd.allreduce(torch.ones(4), name="x")
+        note(outdir, rank, "returned", t=time.time())
+        return rank
+
+    return _noted(outdir, body)
+
+
+def frozen_after_last_op(outdir, frozen=1, steps=3):
+    """Every rank runs the same steps; then `frozen` SIGSTOPs itself instead of returning."""
+    def body(hvd, rank):
+        import torch
+
+        for _ in range(steps):
+            hvd.allreduce(torch.ones(4), name="x")
+        if rank == frozen:
+            note(outdir, rank, "frozen", t=time.time())
+            os.kill(os.getpid(), signal.SIGSTOP)
+        note(outdir, rank, "returned", t=time.time())
+        return rank
+
+    return _noted(outdir, body)
+
+
+def sleeps(outdir, seconds):
+    """A job that runs longer than its whole-job timeout."""
+    note(outdir, int(os.environ["HVS_RANK"]), "pid", pid=os.getpid(), t=time.time())
+    time.sleep(seconds)
+    return "slept"
+
+
+cloudpickle.register_pickle_by_value(__import__(__name__))
