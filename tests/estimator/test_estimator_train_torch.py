@@ -17,6 +17,7 @@ import torch
 
 from collectives.launch import run_local
 from horovod_spark import progress
+from horovod_spark.progress import rank as progress_rank
 from horovod_spark.estimator import _torch_io as tio
 from horovod_spark.estimator._census import write_census
 from horovod_spark.estimator._job import Progress, TrainSpec
@@ -151,8 +152,8 @@ def _progress(monkeypatch, every, shown=True):
         monkeypatch.delenv("HVS_PROGRESS", raising=False)
     monkeypatch.setenv("HVS_RANK", "0")
     monkeypatch.delenv("HVS_LOG_CALLBACK", raising=False)
-    monkeypatch.setattr(progress, "_totals", None)
-    monkeypatch.setattr(progress, "MIN_INTERVAL", 0.0)  # every report() becomes a record
+    monkeypatch.setattr(progress_rank, "_totals", None)
+    monkeypatch.setattr(progress_rank, "MIN_INTERVAL", 0.0)  # every report() becomes a record
     monkeypatch.setattr(Progress, "REPORT_EVERY", every)
     spec = TrainSpec(user=b"", feature_cols=("x",), label_cols=("y",), weight_col=None,
                      batch_size=8, epochs=2, shuffle=False, seed=0, backward_passes_per_step=1,

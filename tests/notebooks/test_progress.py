@@ -18,6 +18,7 @@ if REPO not in sys.path:
 
 import horovod_spark  # noqa: E402
 from horovod_spark import progress  # noqa: E402
+from horovod_spark.progress import rank as progress_rank  # noqa: E402
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors can't import tests/
 
@@ -34,19 +35,19 @@ def rank_env(monkeypatch):
     monkeypatch.setenv("HVS_PROGRESS", "1")
     monkeypatch.setenv("HVS_RANK", "3")
     monkeypatch.delenv("HVS_LOG_CALLBACK", raising=False)
-    monkeypatch.setattr(progress, "_totals", None)
+    monkeypatch.setattr(progress_rank, "_totals", None)
 
 
 def test_report_writes_nothing_unless_the_driver_asked_for_progress(monkeypatch, capfd):
     monkeypatch.delenv("HVS_PROGRESS", raising=False)
-    monkeypatch.setattr(progress, "_totals", None)
+    monkeypatch.setattr(progress_rank, "_totals", None)
     progress.report(epoch=0, step=0, steps=1, samples=8)
     assert capfd.readouterr().out == ""
 
 
 def test_report_writes_cumulative_records_and_always_the_last_step_of_an_epoch(rank_env, capfd,
                                                                                monkeypatch):
-    monkeypatch.setattr(progress, "MIN_INTERVAL", 3600.0)  # only the first and the last are due
+    monkeypatch.setattr(progress_rank, "MIN_INTERVAL", 3600.0)  # only the first and the last are due
     for step in range(10):
         progress.report(epoch=0, epochs=2, step=step, steps=10, samples=4, allreduce_time=0.5,
                         loss=1.0 / (step + 1))
