@@ -7,12 +7,14 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import socket
 from typing import Mapping, Optional
 
 from ._version import __version__
 from .launch.rankenv import RankEnv
+from .logs import apply_log_level
 from .communicator import Communicator, Work
 from .config import Config
 from .errors import (AuthenticationError, CollectiveError, CollectiveTimeout, MismatchError,
@@ -26,6 +28,7 @@ __all__ = [
 ]
 
 _generation = itertools.count()
+log = logging.getLogger("collectives")
 
 
 def init(config: Optional[Config] = None, environ: Optional[Mapping[str, str]] = None) -> Communicator:
@@ -34,11 +37,25 @@ def init(config: Optional[Config] = None, environ: Optional[Mapping[str, str]] =
     Under `collectives.launch` or the Spark runner: the native backend over the
     launcher's store.  Under `mpiexec` (or with backend "mpi"): the MPI backend.
     Otherwise a world of one.  Every rank must call init() the same number of times.
+    This is the rank's edge: the environment's settings are read here (Config.create,
+    RankEnv) and HOROVOD_LOG_LEVEL applied to the `collectives` loggers.
     """
     environ = os.environ if environ is None else environ
     config = config or Config.create(env=environ)
-    gen = next(_generation)
     renv = RankEnv.from_environ(environ)
+    if renv is not None:
+        apply_log_level(config.log_level, renv.rank, renv.size)
+    comm = _communicator(config, environ, renv)
+    if renv is None:
+        apply_log_level(config.log_level, comm.rank, comm.size)
+    log.info("rank %d/%d joined on host %s: %s backend", comm.rank, comm.size,
+             comm.backend.topology.hosts[comm.rank], type(comm.backend).__name__)
+    log.debug("rank %d/%d config: %s", comm.rank, comm.size, config)
+    return comm
+
+
+def _communicator(config: Config, environ: Mapping[str, str], renv: Optional[RankEnv]) -> Communicator:
+    gen = next(_generation)
     if renv is not None and config.backend != "mpi":
         from .rendezvous.store import TCPStore
 

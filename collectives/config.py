@@ -1,8 +1,9 @@
 """One typed, frozen configuration per run.
 
 Built from arguments first, then the environment (Horovod's names where they
-exist), read here and nowhere else.  Unknown keys are rejected with the list of
-known ones, so a typo never silently falls back to a default.
+exist; the rows of collectives.settings.SETTINGS that name a field), read when a
+rank makes its communicator.  Unknown keys are rejected with the list of known
+ones, so a typo never silently falls back to a default.
 """
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import dataclasses
 import os
 from typing import Any, Mapping, Optional
 
-__all__ = ["Config", "ENV_TABLE"]
+from .settings import SETTINGS, parse_log_level
+
+__all__ = ["Config"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +55,10 @@ class Config:
             raise ValueError(f"Config.cycle_time_ms must be >= 0, got {self.cycle_time_ms}")
         if self.backend not in ("auto", "native", "mpi", "nccl"):
             raise ValueError(f"Config.backend must be auto, native, mpi or nccl, got {self.backend!r}")
+        try:  # a level name in any case, Horovod's TRACE and FATAL too
+            object.__setattr__(self, "log_level", parse_log_level(str(self.log_level)))
+        except ValueError as exc:
+            raise ValueError(f"Config.log_level {self.log_level!r}: {exc}") from None
         if self.shm_slot_bytes < 4096:
             raise ValueError(f"Config.shm_slot_bytes must be >= 4096, got {self.shm_slot_bytes}")
 
@@ -60,13 +67,7 @@ class Config:
                env: Optional[Mapping[str, str]] = None) -> "Config":
         """Arguments win over the environment, which wins over defaults."""
         env = os.environ if env is None else env
-        values: dict = {}
-        for var, (field, conv) in ENV_TABLE.items():
-            if env.get(var, "") != "":
-                try:
-                    values[field] = conv(env[var])
-                except ValueError as exc:
-                    raise ValueError(f"environment variable {var}={env[var]!r} is not valid: {exc}") from None
+        values = {s.field: s.read(env) for s in SETTINGS if s.field and env.get(s.name, "") != ""}
         known = {f.name for f in dataclasses.fields(cls)}
         for key, val in (overrides or {}).items():
             if key not in known:
@@ -76,33 +77,3 @@ class Config:
 
     def replace(self, **changes: Any) -> "Config":
         return dataclasses.replace(self, **changes)
-
-
-def _bool(text: str) -> bool:
-    low = text.strip().lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    raise ValueError("expected 1/0/true/false")
-
-
-def _ms(text: str) -> float:
-    return float(text)
-
-
-#: Every environment variable read, its Config field and its parser.
-ENV_TABLE = {
-    "HOROVOD_FUSION_THRESHOLD": ("fusion_threshold", int),
-    "HOROVOD_CYCLE_TIME": ("cycle_time_ms", _ms),
-    "HOROVOD_TIMELINE": ("timeline", str),
-    "HOROVOD_STALL_CHECK_TIME_SECONDS": ("stall_check_time", float),
-    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": ("stall_shutdown_time", float),
-    "HOROVOD_LOG_LEVEL": ("log_level", str.upper),
-    "HOROVOD_SPARK_TIMEOUT": ("timeout", float),
-    "HOROVOD_SPARK_CONNECT_TIMEOUT": ("connect_timeout", float),
-    "HOROVOD_SPARK_BACKEND": ("backend", str.lower),
-    "HOROVOD_SPARK_FORCE_TCP": ("force_tcp", _bool),
-    "HOROVOD_SPARK_SHM_SLOT_BYTES": ("shm_slot_bytes", int),
-    "HOROVOD_SPARK_SHM_CMA": ("shm_cma", _bool),
-}

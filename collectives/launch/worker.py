@@ -14,6 +14,7 @@ import traceback
 import cloudpickle
 
 from .rankenv import RankEnv
+from ..settings import WARM_REPORT
 from ..rendezvous.store import TCPStore
 
 
@@ -45,7 +46,7 @@ def main() -> int:
                                   f"the return value of rank {env.rank} cannot be pickled: {exc}",
                                   traceback.format_exc(), b""))
         code = 1
-    report = os.environ.get("HVS_WARM_REPORT")
+    report = WARM_REPORT.read()
     if report:  # which of these modules the function imported (the task's warm start)
         imported = [m for m in report.split(",") if m in sys.modules]
         store.set(f"{env.job}/modules/{env.rank}", ",".join(imported).encode("ascii"))

@@ -46,9 +46,10 @@ import sys
 import time
 import traceback
 
+from ..settings import ZYGOTE_IDLE_S
+
 PR_SET_PDEATHSIG = 1
 MAX_PACKET = 1 << 20
-DEFAULT_IDLE_S = 600.0
 
 try:
     _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
@@ -215,7 +216,7 @@ def _fresh_state(env: dict) -> None:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     sock = socket.socket(fileno=int(argv[0]))
-    idle_s = float(os.environ.get("HOROVOD_SPARK_ZYGOTE_IDLE_S", DEFAULT_IDLE_S))
+    idle_s = ZYGOTE_IDLE_S.read()
     try:
         os.close(os.pidfd_open(os.getpid()))  # Linux 5.3+: how the zygote watches its children
     except (AttributeError, OSError) as exc:

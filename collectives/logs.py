@@ -1,0 +1,37 @@
+"""HOROVOD_LOG_LEVEL applied: the level of a package's loggers on a rank, and where they write.
+
+The rank sets the level of its package loggers (`collectives`, and the adapters'
+`horovod_spark`) when it joins a job.  Where the process has configured no
+logging of its own (the root logger has no handler, as in a rank a launcher
+started), records go to stderr with the rank in front, so they reach the
+driver with the rank's other output; where it has, its handlers show them.
+The native library never logs: it returns a status, which becomes the exception.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Iterable
+
+__all__ = ["apply_log_level"]
+
+_FORMAT = "[%(asctime)s hvs rank {rank}/{size}] %(levelname)s %(name)s: %(message)s"
+
+
+class _RankHandler(logging.StreamHandler):
+    """The handler this module adds (one per logger, replaced when a rank joins again)."""
+
+
+def apply_log_level(level: str, rank: int, size: int,
+                    names: Iterable[str] = ("collectives",)) -> None:
+    """Set `level` (a logging level name) on the loggers `names`, writing to stderr if nothing else does."""
+    configured = bool(logging.getLogger().handlers)
+    for name in names:
+        logger = logging.getLogger(name)
+        logger.setLevel(level)
+        for old in [h for h in logger.handlers if isinstance(h, _RankHandler)]:
+            logger.removeHandler(old)
+        if not configured:
+            handler = _RankHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter(_FORMAT.format(rank=rank, size=size)))
+            logger.addHandler(handler)
