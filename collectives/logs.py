@@ -4,7 +4,8 @@ The rank sets the level of its package loggers (`collectives`, and the adapters'
 `horovod_spark`) when it joins a job.  Where the process has configured no
 logging of its own (the root logger has no handler, as in a rank a launcher
 started), records go to stderr with the rank in front, so they reach the
-driver with the rank's other output; where it has, its handlers show them.
+driver with the rank's other output; where it has, or the logger has a handler
+of its own (a Spark rank's channel to the driver), those show them.
 The native library never logs: it returns a status, which becomes the exception.
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ def apply_log_level(level: str, rank: int, size: int,
         logger.setLevel(level)
         for old in [h for h in logger.handlers if isinstance(h, _RankHandler)]:
             logger.removeHandler(old)
-        if not configured:
+        if not configured and not logger.handlers:  # else those show them (the driver's channel)
             handler = _RankHandler(sys.stderr)
             handler.setFormatter(logging.Formatter(_FORMAT.format(rank=rank, size=size)))
             logger.addHandler(handler)

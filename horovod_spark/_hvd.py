@@ -17,14 +17,18 @@ from __future__ import annotations
 import atexit
 import importlib
 import importlib.util
+import logging
 import threading
 from typing import Callable, Optional
 
 import collectives
 from collectives.fusion import FusionEngine
+from collectives.logs import apply_log_level
 
 __all__ = ["HorovodState", "gpu_ordinal", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built",
            "ddl_built", "ccl_built"]
+
+log = logging.getLogger("horovod_spark")
 
 
 def gpu_ordinal() -> "Optional[int]":
@@ -84,9 +88,13 @@ class HorovodState:
             comm = comm if comm is not None else collectives.init(config)
             from ._job.logchannel import forward_warnings
 
-            forward_warnings()  # a stall report reaches the driver whatever its verbosity
-            self._engine = FusionEngine(comm, config if config is not None else comm.config,
-                                        lane=self._lane)
+            config = config if config is not None else comm.config
+            for name in ("collectives", "horovod_spark"):  # under a Spark task: to the driver
+                forward_warnings(name)
+            apply_log_level(config.log_level, comm.rank, comm.size, ("collectives", "horovod_spark"))
+            self._engine = FusionEngine(comm, config, lane=self._lane)
+            log.info("%s joined as rank %d/%d (fusion threshold %d B, cycle %g ms)", self.package,
+                     comm.rank, comm.size, config.fusion_threshold, config.cycle_time_ms)
             self._comm = comm
             if self._on_init is not None:
                 self._on_init()

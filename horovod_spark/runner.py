@@ -10,23 +10,22 @@ active SparkSession an embedded local one is started (see `_session`).
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ._job import checks
 from . import progress
 from ._job.driver import JobFailedError, JobOptions, run_on_driver, run_on_spark
 from ._job.session import get_session
+from ._job.settings import DriverSettings
 
 __all__ = ["HorovodRunner", "run", "JobFailedError"]
 
 _VERBOSITY = ("all", "log_callback_only")
-DEFAULT_START_TIMEOUT = 600.0  # Horovod's; only spent when executors are still coming up
 
 
-def _start_timeout(value: Optional[float]) -> float:
-    if value is None:  # Horovod's variable, read here at the edge
-        value = float(os.environ.get("HOROVOD_SPARK_START_TIMEOUT", DEFAULT_START_TIMEOUT))
+def _start_timeout(value: Optional[float], settings: DriverSettings) -> float:
+    if value is None:  # Horovod's variable (600 s: only spent while executors come up)
+        value = settings.start_timeout
     if value <= 0:
         raise ValueError(f"start_timeout must be > 0 seconds, got {value!r}")
     return float(value)
@@ -77,9 +76,10 @@ class HorovodRunner:
             JobFailedError: naming the first failing rank, its error and traceback.
         """
         np_ = self.num_processor
+        settings = DriverSettings.read()  # the driver's edge: each job reads its switches
         opts = JobOptions(np=np_, show_output=np_ < 0 or self.driver_log_verbosity == "all",
-                          rank0_only=True, start_timeout=_start_timeout(None),
-                          verbose=self.verbose)
+                          rank0_only=True, start_timeout=_start_timeout(None, settings),
+                          verbose=self.verbose, settings=settings)
         return _launch(main, (), kwargs, opts)[0]
 
 
@@ -112,8 +112,10 @@ def run(fn: Callable[..., Any], args: Sequence = (), kwargs: Optional[Mapping[st
         raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
     if num_proc is None:
         num_proc = get_session().sparkContext.defaultParallelism
-    opts = JobOptions(np=checks.check_np(num_proc), env=_env_items(env), stdout=stdout,
-                      stderr=stderr, show_output=True, start_timeout=_start_timeout(start_timeout),
-                      verbose=int(verbose), max_restarts=max_restarts,
+    env_items = _env_items(env)
+    settings = DriverSettings.read(env_items)  # the driver's edge: each job reads its switches
+    opts = JobOptions(np=checks.check_np(num_proc), env=env_items, stdout=stdout, stderr=stderr,
+                      show_output=True, start_timeout=_start_timeout(start_timeout, settings),
+                      verbose=int(verbose), max_restarts=max_restarts, settings=settings,
                       timestamps=bool(prefix_output_with_timestamp), executable=executable)
     return _launch(fn, tuple(args), dict(kwargs or {}), opts)

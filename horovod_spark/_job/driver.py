@@ -26,9 +26,10 @@ from typing import Mapping, Optional, Tuple
 from collectives.launch.procs import failure_text, signal_name
 from collectives.errors import describe
 
-from . import checks, warm
+from . import checks
 from .logchannel import LineSink, LogServer, parse_failure_markers
 from .pickling import code_files, pickle_job, restore_frames
+from .settings import DriverSettings
 from ..progress import ENABLED as _PROGRESS_ENV
 from ..progress import PROGRESS_MARK, Tracked
 
@@ -169,6 +170,7 @@ class JobOptions:
     max_restarts: int = 0
     timestamps: bool = False
     executable: Optional[str] = None
+    settings: DriverSettings = DriverSettings()  # the driver's switches, read as the job starts
 
     def say(self, level: int, msg: str) -> None:
         if self.verbose >= level:
@@ -244,7 +246,7 @@ def job_store(sc, secret: bytes, opts: JobOptions):
     then meet through Spark's allGather (HOROVOD_SPARK_RENDEZVOUS=spark, or no listening)."""
     from collectives.rendezvous.store import StoreServer
 
-    if os.environ.get("HOROVOD_SPARK_RENDEZVOUS", "driver").strip().lower() == "spark":
+    if opts.settings.rendezvous == "spark":
         return None
     host = sc.getConf().get("spark.driver.host", "127.0.0.1")
     try:
@@ -283,7 +285,7 @@ def _attempt(sc, payload: bytes, secret: bytes, job: str, limit: int, opts: JobO
                     log_address=server.address if server else None, env=opts.env,
                     show_output=opts.show_output, rank0_only=opts.rank0_only,
                     result_limit=limit, executable=opts.executable,
-                    warm=warm.enabled(dict(opts.env)),
+                    warm=opts.settings.warm_start,
                     job_store=store.address if store else None)
     tag = f"horovod-spark-{job.replace('/', '-')}"
     opts.say(2, f"{job}: {opts.np} ranks on {sc.master}")

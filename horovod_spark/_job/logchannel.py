@@ -36,6 +36,8 @@ import threading
 import time
 from typing import Callable, Optional
 
+from .settings import LOG_CALLBACK
+
 __all__ = ["LogServer", "LogClient", "LineSink", "log_to_driver", "forward_warnings",
            "failure_marker", "parse_failure_markers", "CALLBACK_MARK"]
 
@@ -43,7 +45,15 @@ MAX_FRAME = 1 << 20
 #: Prefix of a line a rank wrote with `log_to_driver`; the task strips it.
 CALLBACK_MARK = "\x1ehvs-log\x1e"
 _MARKER = "HVS-FAILURE:"
+_marks: dict = {}
 _MARKER_RE = re.compile(re.escape(_MARKER) + r"([A-Za-z0-9+/=]+)")
+
+
+def _marking() -> bool:
+    """HVS_LOG_CALLBACK (the task sets it for its rank), read once per process."""
+    if _marks.get("pid") != os.getpid():  # a rank forked from a zygote reads its own
+        _marks.update(pid=os.getpid(), on=LOG_CALLBACK.read())
+    return _marks["on"]
 
 
 def log_to_driver(message: str) -> None:
@@ -51,7 +61,7 @@ def log_to_driver(message: str) -> None:
 
     Call it in the training function (Databricks' `sparkdl.horovod.log_to_driver`).
     """
-    if os.environ.get("HVS_LOG_CALLBACK") == "1":
+    if _marking():
         message = "\n".join(CALLBACK_MARK + part for part in str(message).split("\n"))
     print(message, flush=True)
 
@@ -65,14 +75,15 @@ class _DriverHandler(logging.Handler):
 
 
 def forward_warnings(logger: str = "collectives") -> None:
-    """Send `logger`'s warnings (a stall report, say) to the driver's output whatever
-    `driver_log_verbosity` says, when this process is a rank of a Spark task."""
-    if os.environ.get("HVS_LOG_CALLBACK") != "1":
+    """Send `logger`'s records (at HOROVOD_LOG_LEVEL: warnings, such as a stall report, by
+    default) to the driver's output whatever `driver_log_verbosity` says, when this
+    process is a rank of a Spark task."""
+    if not _marking():
         return
     target = logging.getLogger(logger)
     if any(isinstance(h, _DriverHandler) for h in target.handlers):
         return
-    handler = _DriverHandler(logging.WARNING)
+    handler = _DriverHandler()  # the logger's level (HOROVOD_LOG_LEVEL) chooses
     handler.setFormatter(logging.Formatter("%(message)s"))
     target.addHandler(handler)
     target.propagate = False  # once, not also on stderr

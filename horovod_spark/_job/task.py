@@ -44,6 +44,7 @@ import traceback
 from typing import Iterator, Optional, Tuple
 
 from .logchannel import CALLBACK_MARK, LogClient, failure_marker
+from .settings import WARM_START
 
 __all__ = ["TaskSpec", "run_task", "RankFailure"]
 
@@ -182,7 +183,7 @@ class RankProcess:
             visible = host_gpus(self.server, self.spec.job, self.rank, self.hosts,
                                 list(gpus.addresses), GPU_EXCHANGE_TIMEOUT)
         self.env = env = child_env(self.spec, self.renv, visible)
-        self.warm = self.warm and gpus is None and warm.enabled(env)
+        self.warm = self.warm and gpus is None and WARM_START.read(env)  # the task's edge
         if self.warm:
             env["HVS_WARM_REPORT"] = ",".join(warm.REPORT)
             self.child = warm.spawn(executable, env)

@@ -62,13 +62,6 @@ _lock = threading.Lock()
 _zygote: Optional["_Owner"] = None
 
 
-def enabled(env: Optional[Mapping[str, str]] = None) -> bool:
-    """HOROVOD_SPARK_WARM_START (driver environment, or the job's env) is not 0/false/off."""
-    value = (env or {}).get("HOROVOD_SPARK_WARM_START",
-                            os.environ.get("HOROVOD_SPARK_WARM_START", "1"))
-    return str(value).strip().lower() not in ("0", "false", "no", "off")
-
-
 def zygote_env(env: Mapping[str, str]) -> dict:
     """The rank environment without its per-job variables: the zygote's own."""
     return {k: v for k, v in env.items() if not k.startswith("HVS_") and k not in _RANK_KEYS}

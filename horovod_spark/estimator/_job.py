@@ -12,6 +12,7 @@ import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from horovod_spark._job.settings import PROGRESS
 from horovod_spark.estimator.data import ColumnSpec
 from horovod_spark.estimator.store import Store
 
@@ -94,7 +95,7 @@ class Progress:
         from horovod_spark import progress
 
         self.report = progress.report  # the driver's progress bar, when it shows one
-        self.reporting = all(os.environ.get(k) == v for k, v in progress.ENABLED)
+        self.reporting = PROGRESS.read()  # the rank's edge: its training loop starts
         self.unreported, self.next_report = 0, 0.0
         self.verbose = spec.verbose if rank == 0 else 0
         self.epochs, self.steps, self.run_id = spec.epochs, steps, spec.run_id

@@ -88,13 +88,14 @@ def _stage(spark, df, num_proc: int, job: BarrierJob, verbose: int):
 
     from horovod_spark._job import driver
     from horovod_spark import progress
-    from horovod_spark._job import warm
+    from horovod_spark._job.settings import DriverSettings
     from horovod_spark._job.task import TaskSpec
 
     sc = spark.sparkContext
     display = progress.Display(verbose)  # the progress bar, from the ranks' records
     shown = display.enabled
     opts = driver.JobOptions(np=num_proc, rank0_only=True, verbose=verbose,
+                              settings=DriverSettings.read(),
                               show_output=verbose > 0, stdout=display.stream() if shown else None,
                               stderr=display.stream(None, "stderr") if shown else None)
     limit = driver._checks_before_submit(sc, opts)
@@ -103,8 +104,8 @@ def _stage(spark, df, num_proc: int, job: BarrierJob, verbose: int):
     store = driver.job_store(sc, secret, opts)
     spec = TaskSpec(job=job_id, secret=secret, payload=b"",
                     log_address=server.address if server else None, show_output=opts.show_output,
-                    rank0_only=True, result_limit=limit, env=display.env, warm=warm.enabled(),
-                    job_store=store.address if store else None)
+                    rank0_only=True, result_limit=limit, env=display.env,
+                    warm=opts.settings.warm_start, job_store=store.address if store else None)
     if shown:  # the loops report each step themselves (progress.report)
         job = dataclasses.replace(job, train_fn=progress.Tracked(job.train_fn))
     tag = f"horovod-spark-{job_id.replace('/', '-')}"

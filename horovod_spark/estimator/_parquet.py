@@ -27,6 +27,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from horovod_spark._job.settings import PARQUET_DIRECT
 from horovod_spark.estimator.data import ColumnSpec
 
 __all__ = ["plan", "read_share", "sample", "Plan"]
@@ -35,11 +36,6 @@ __all__ = ["plan", "read_share", "sample", "Plan"]
 Plan = Tuple[str, Tuple[Tuple[Tuple[str, Tuple[int, ...]], ...], ...]]
 _BATCH_ROWS = 65536
 _VECTOR_FIELDS = {"type", "size", "indices", "values"}
-
-
-def _enabled() -> bool:
-    value = os.environ.get("HOROVOD_SPARK_PARQUET_DIRECT", "1").strip().lower()
-    return value not in ("0", "false", "no", "off")
 
 
 def _open(path: str):
@@ -68,7 +64,7 @@ def _convertible(arrow_type, spec: ColumnSpec) -> bool:
 
 def plan(path: str, specs: Sequence[ColumnSpec], num_proc: int) -> Optional[Plan]:
     """The ranks' shares of the row groups under `path`, or None for the JVM path."""
-    if not _enabled():
+    if not PARQUET_DIRECT.read():  # the driver's edge: fit() plans once per job
         return None
     try:
         import pyarrow.dataset as ds

@@ -40,6 +40,8 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from .._job.settings import LOG_CALLBACK, PROGRESS
+
 __all__ = ["report", "keras_callback", "Tracked", "FitTracked", "PROGRESS_MARK",
            "ENABLED"]
 
@@ -59,6 +61,9 @@ class _Totals:
     """This rank's totals and position; one per process."""
 
     def __init__(self) -> None:
+        # the rank's edge for progress: the driver's switches, read once per process
+        self.on = PROGRESS.read()
+        self.lead = _CALLBACK_MARK if LOG_CALLBACK.read() else ""
         self.lock = threading.Lock()
         self.rank = int(os.environ.get("HVS_RANK", "0") or 0)
         self.t0 = time.monotonic()
@@ -79,13 +84,12 @@ _totals_lock = threading.Lock()
 
 
 def _rank_totals() -> Optional[_Totals]:
+    """This rank's totals, or None when the driver asked for no progress."""
     global _totals
-    if os.environ.get("HVS_PROGRESS") != "1":
-        return None
     with _totals_lock:
         if _totals is None:
             _totals = _Totals()
-        return _totals
+        return _totals if _totals.on else None
 
 
 _ENGINES = ("horovod_spark.torch._state", "horovod_spark.tensorflow._basics")
@@ -122,12 +126,11 @@ def _due(s: _Totals, force: bool) -> Optional[str]:
     return None
 
 
-def _write(line: Optional[str]) -> None:
+def _write(s: _Totals, line: Optional[str]) -> None:
     """One whole line on fd 1: not through sys.stdout, which user code may swap or buffer."""
     if line is None:
         return
-    lead = _CALLBACK_MARK if os.environ.get("HVS_LOG_CALLBACK") == "1" else ""
-    data = (lead + PROGRESS_MARK + line + "\n").encode()
+    data = (s.lead + PROGRESS_MARK + line + "\n").encode()
     try:
         while data:
             data = data[os.write(1, data):]
@@ -197,7 +200,7 @@ def report(*, epoch: Optional[int] = None, step: Optional[int] = None,
         s.position.update({k: v for k, v in ints.items() if v is not None})
         at_end = step is not None and steps is not None and step + 1 >= steps
         line = _due(s, epoch_changed or at_end)
-    _write(line)
+    _write(s, line)
 
 
 def _is_distributed(optimizer) -> bool:
@@ -209,7 +212,7 @@ def _on_step(optimizer, _args, _kwargs) -> None:
     """torch's global optimizer step post-hook: one hvd.DistributedOptimizer step is done."""
     s = _totals
     try:
-        if s is None or s.explicit or not _is_distributed(optimizer):
+        if s is None or not s.on or s.explicit or not _is_distributed(optimizer):
             return
         with s.lock:
             s.done += 1
@@ -224,7 +227,7 @@ def _on_step(optimizer, _args, _kwargs) -> None:
                 s.position["epochs"] = s.epochs
             # the first step waits: a report() right after it makes the job explicit
             line = _due(s, at_end) if s.done > 1 or at_end else None
-        _write(line)
+        _write(s, line)
     except Exception:  # a display problem never fails a training step
         pass
 
@@ -287,7 +290,7 @@ class Tracked:
                 hook.remove()
             with s.lock:
                 line = _record(s, final=True) if s.done else None
-            _write(line)
+            _write(s, line)
 
 
 def keras_callback(batch_size: Optional[int] = None):

@@ -34,6 +34,7 @@ import numpy as np
 from collectives import ReduceOp
 
 from . import _basics
+from .._job.settings import CACHE, TF_LANE
 
 __all__ = ["enabled", "allreduce"]
 
@@ -54,11 +55,14 @@ _CTYPES = {np.dtype(np.float16): ctypes.c_uint16, np.dtype(np.float32): ctypes.c
 
 
 def enabled() -> bool:
-    return os.environ.get("HOROVOD_SPARK_TF_LANE", "1").strip().lower() not in ("0", "false", "no", "off")
+    """HOROVOD_SPARK_TF_LANE, read once in this rank's process (not on every traced op)."""
+    if _state.get("pid") != os.getpid():  # a rank forked from a zygote reads its own
+        _state.update(pid=os.getpid(), enabled=TF_LANE.read())
+    return _state["enabled"]
 
 
 def _cache_dir() -> str:
-    root = os.environ.get("HOROVOD_SPARK_CACHE") or os.path.join(
+    root = CACHE.read() or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
         "horovod_spark")
     return os.path.join(root, "tf-ops")

@@ -346,9 +346,7 @@ def allreduce_in_tf_function_runs_the_native_op_through_the_lane():
     """Inside a tf.function a dense float allreduce is the native op (lane_op.cc): after
     its first run the engine's lane runs it without Python, with the bits of the
     tf.numpy_function path (HOROVOD_SPARK_TF_LANE=0), which the same steps repeat."""
-    import os
-
-    from horovod_spark.tensorflow import _basics
+    from horovod_spark.tensorflow import _basics, _lane_op
 
     tf, hvd, r, n = _setup()
     eng = _basics.engine()
@@ -372,13 +370,14 @@ def allreduce_in_tf_function_runs_the_native_op_through_the_lane():
     for k, g in enumerate(got):
         want = sum(value(q, (64, 33)) + k for q in range(n)) / n * 0.5
         close(g, want)
-    os.environ["HOROVOD_SPARK_TF_LANE"] = "0"
+    # HOROVOD_SPARK_TF_LANE=0, as this rank's process read it at its first traced allreduce
+    _lane_op._state["enabled"] = False
     try:
         slow = step_fn()
         assert "HvsLaneAllreduce" not in kinds(slow, xs[0]), kinds(slow, xs[0])
         ref = [slow(x).numpy() for x in xs]
     finally:
-        del os.environ["HOROVOD_SPARK_TF_LANE"]
+        _lane_op._state["enabled"] = True
     for g, w in zip(got, ref):
         np.testing.assert_array_equal(g, w)
     # float16, as Compression.fp16 sends gradients: the lane's postscale rounds like numpy's
