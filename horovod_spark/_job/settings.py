@@ -8,6 +8,7 @@ of both packages, for the docs and the test that holds them to it.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import warnings
 from typing import Mapping, Optional, Tuple
@@ -86,6 +87,7 @@ def warn_unknown(env: Mapping[str, str]) -> None:
     for name in sorted(env):
         if name.startswith(_PREFIXES) and name not in known and name not in _warned:
             _warned.add(name)
-            warnings.warn(f"environment variable {name} is not one horovod_spark reads; known: "
-                          f"{', '.join(sorted(n for n in known if n.startswith(_PREFIXES)))}",
-                          stacklevel=3)
+            near = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"did you mean {near[0]}?" if near else "see the README's configuration table"
+            warnings.warn(f"environment variable {name} is not one horovod_spark reads; {hint}",
+                          stacklevel=4)  # the caller of run() / fit()

@@ -84,7 +84,7 @@ def test_an_unknown_variable_of_ours_draws_one_warning_naming_it():
         DriverSettings.read(environ=env)
     texts = [str(w.message) for w in caught]
     assert len(texts) == 1 and "HOROVOD_SPARK_WARM_STRAT" in texts[0], texts
-    assert "HOROVOD_SPARK_WARM_START" in texts[0]  # the known names, to spot the typo
+    assert "did you mean HOROVOD_SPARK_WARM_START?" in texts[0]
 
 
 def _sources():
