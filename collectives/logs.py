@@ -25,7 +25,7 @@ class _RankHandler(logging.StreamHandler):
 
 def apply_log_level(level: str, rank: int, size: int,
                     names: Iterable[str] = ("collectives",)) -> None:
-    """Set `level` (a logging level name) on the loggers `names`, writing to stderr if nothing else does."""
+    """Set `level` (a level name) on the loggers `names`; stderr shows them if nothing else does."""
     configured = bool(logging.getLogger().handlers)
     for name in names:
         logger = logging.getLogger(name)
