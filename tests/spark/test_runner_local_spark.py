@@ -95,6 +95,23 @@ def test_env_is_added_to_every_ranks_environment_and_no_gpu_is_claimed(spark):
     assert horovod_spark.run(read_env, num_proc=2, env={"MY_SETTING": "42"}) == [("42", None)] * 2
 
 
+def test_log_level_info_sends_how_each_rank_joined_to_the_driver(spark):
+    def join():
+        import horovod_spark.torch as hvd
+        hvd.init()
+        hvd.shutdown()
+
+    outs = []
+    for env in ({}, {"HOROVOD_LOG_LEVEL": "INFO"}):
+        out, err = io.StringIO(), io.StringIO()
+        horovod_spark.run(join, num_proc=2, env=env, stdout=out, stderr=err)
+        outs.append(out.getvalue())
+    quiet, loud = outs
+    for rank in (0, 1):
+        assert f"[{rank}]<stdout>:horovod_spark.torch joined as rank {rank}/2" in loud, loud
+    assert "joined as rank" not in quiet, quiet
+
+
 def test_a_collective_inside_the_function_matches_numpy(spark):
     def train():
         import numpy as np
