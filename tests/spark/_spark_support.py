@@ -43,8 +43,12 @@ def fast_jvm_env(env: dict) -> dict:
 
 
 def by_value(module_name: str) -> None:
-    """Pickle the rank functions of a test module by value."""
+    """Pickle the rank functions of a test module by value (with pyspark's own copy of
+    cloudpickle too, which pickles the functions of a DataFrame's mapInArrow)."""
+    from pyspark import cloudpickle as spark_cloudpickle
+
     cloudpickle.register_pickle_by_value(sys.modules[module_name])
+    spark_cloudpickle.register_pickle_by_value(sys.modules[module_name])
 
 
 def start_session(master: str, conf: dict | None = None):
