@@ -15,7 +15,7 @@ import os
 from typing import Any, Callable, Mapping, Optional
 
 __all__ = ["Setting", "parse_bool", "parse_log_level", "SETTINGS", "CONTRACT", "WHERE",
-           "ZYGOTE_IDLE_S", "WARM_REPORT"]
+           "ZYGOTE_IDLE_S", "WARM_REPORT", "FINISH_GRACE", "RETURN_RANKS"]
 
 #: The processes a setting is read in.
 WHERE = ("driver", "task", "rank")
@@ -84,12 +84,24 @@ class Setting:
         return str(self.default)
 
 
+def parse_grace(text: str) -> float:
+    """Seconds >= 0, where 0 means no limit."""
+    value = float(text)
+    if not value >= 0:
+        raise ValueError("expected seconds >= 0 (0 waits for ever)")
+    return value
+
+
 def _config(name: str, field: str, default: Any, parse: Callable[[str], Any], doc: str) -> Setting:
     return Setting(name, default, parse, "rank", doc, field=field)
 
 
 ZYGOTE_IDLE_S = Setting("HOROVOD_SPARK_ZYGOTE_IDLE_S", 600.0, float, "task",
                         "seconds a zygote waits for the next job before it exits")
+FINISH_GRACE = Setting("HOROVOD_SPARK_FINISH_GRACE_SECONDS", 60.0, parse_grace, "driver",
+                       "once a rank returned, seconds the others may run on; 0: for ever")
+RETURN_RANKS = Setting("HVS_RETURN_RANKS", None, str, "rank", "the ranks whose value is pickled "
+                       "back, comma-separated (unset: every rank)", contract=True)
 WARM_REPORT = Setting("HVS_WARM_REPORT", None, str, "rank", "modules whose import the worker "
                       "reports to the task (warm starts)", contract=True)
 
@@ -118,6 +130,7 @@ SETTINGS = (
     _config("HOROVOD_SPARK_SHM_CMA", "shm_cma", True, parse_bool,
             "large allreduces within a host read the peers' buffers in place"),
     ZYGOTE_IDLE_S,
+    FINISH_GRACE,
 )
 
 #: What a launcher hands a rank (read as one record by RankEnv, listed here for the docs).
@@ -129,4 +142,4 @@ CONTRACT = tuple(Setting(name, None, parse, "rank", doc, contract=True) for name
     ("HVS_STORE_ADDR", str, "host:port of the rendezvous store"),
     ("HVS_SECRET", str, "hex of the per-job secret"), ("HVS_JOB", str, "key prefix of the attempt"),
     ("HVS_GPU_ORDINAL", int, "CUDA ordinal of this rank's own GPU (optional)"),
-)) + (WARM_REPORT,)
+)) + (WARM_REPORT, RETURN_RANKS)

@@ -31,6 +31,15 @@ def _start_timeout(value: Optional[float], settings: DriverSettings) -> float:
     return float(value)
 
 
+def _job_timeout(value: Optional[float]) -> Optional[float]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"timeout must be a number of seconds > 0 (or None: no limit), "
+                         f"got {value!r}")
+    return float(value)
+
+
 def _env_items(env: Optional[Mapping[str, str]]):
     if env is not None and not isinstance(env, Mapping):
         raise TypeError(f"env must be a mapping of variable names to values, got {type(env).__name__}")
@@ -58,12 +67,15 @@ class HorovodRunner:
             the ranks send with `horovod_spark.log_to_driver`; "all" streams every line of
             every rank's stdout and stderr, prefixed `[rank]<stdout>:`.
         verbose: 0 hides the progress bar (see `horovod_spark.progress`).
+        timeout: seconds the whole job may run (None: no limit); past it the job fails with
+            JobTimeout.  A constructor argument, since every keyword of run() goes to main.
     """
 
     def __init__(self, np: int, driver_log_verbosity: str = "log_callback_only",
-                 verbose: int = 1) -> None:
+                 verbose: int = 1, timeout: Optional[float] = None) -> None:
         self.num_processor = checks.check_np(np)
         self.verbose = int(verbose)
+        self.timeout = _job_timeout(timeout)
         if driver_log_verbosity not in _VERBOSITY:
             raise ValueError(f"driver_log_verbosity must be 'all' or 'log_callback_only', "
                              f"got {driver_log_verbosity!r}")
@@ -79,7 +91,8 @@ class HorovodRunner:
         settings = DriverSettings.read()  # the driver's edge: each job reads its switches
         opts = JobOptions(np=np_, show_output=np_ < 0 or self.driver_log_verbosity == "all",
                           rank0_only=True, start_timeout=_start_timeout(None, settings),
-                          verbose=self.verbose, settings=settings)
+                          verbose=self.verbose, settings=settings,
+                          timeout=self.timeout)
         return _launch(main, (), kwargs, opts)[0]
 
 
@@ -89,7 +102,7 @@ def run(fn: Callable[..., Any], args: Sequence = (), kwargs: Optional[Mapping[st
         extra_mpi_args: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
         stdout=None, stderr=None, verbose: int = 1, nics=None,
         prefix_output_with_timestamp: bool = False, executable: Optional[str] = None,
-        max_restarts: int = 0) -> list:
+        max_restarts: int = 0, timeout: Optional[float] = None) -> list:
     """Run fn(*args, **kwargs) as num_proc ranks; returns every rank's value in rank order.
 
     Compatible with `horovod.spark.run`.  `num_proc` defaults to Spark's default
@@ -117,5 +130,6 @@ def run(fn: Callable[..., Any], args: Sequence = (), kwargs: Optional[Mapping[st
     opts = JobOptions(np=checks.check_np(num_proc), env=env_items, stdout=stdout, stderr=stderr,
                       show_output=True, start_timeout=_start_timeout(start_timeout, settings),
                       verbose=int(verbose), max_restarts=max_restarts, settings=settings,
-                      timestamps=bool(prefix_output_with_timestamp), executable=executable)
+                      timestamps=bool(prefix_output_with_timestamp), executable=executable,
+                      timeout=_job_timeout(timeout))
     return _launch(fn, tuple(args), dict(kwargs or {}), opts)

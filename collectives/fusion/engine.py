@@ -251,8 +251,16 @@ class FusionEngine(Scheduling, LaneMixin):
         if res.stall:
             self._stall.report(self._pending, res.joined, self._table, self._done)
         if res.shutdown:
-            self._stop(CollectiveError, f"the fusion engine was shut down by rank(s) "
-                       f"{list(res.shutdown)}", None)
+            self._stop(CollectiveError, self._shutdown_text(res.shutdown), None)
+
+    def _shutdown_text(self, ranks: tuple) -> str:
+        others = [r for r in ranks if r != self.rank]
+        if not others:
+            return f"the fusion engine was shut down by rank(s) {list(ranks)}"
+        who = f"rank {others[0]}" if len(others) == 1 else f"ranks {others}"
+        return (f"{who} returned from the function (or called hvd.shutdown()) while this rank "
+                "waits in this op; every rank must run the same number of steps, or use "
+                "hvd.join()")
 
     def _execute(self, taken: list, joined: tuple) -> None:
         """Run the agreed ops; on a failure, what was taken but not finished goes back to

@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 import cloudpickle
 
 from ..rendezvous import auth
-from .procs import RankFailed, RankGroup
+from .procs import RankFailed, RankGroup, finish_grace
 from .rankenv import RankEnv
 from ..rendezvous.store import TCPStore
 
@@ -88,9 +88,13 @@ def run_local(fn, np: int, args: Sequence = (), kwargs: Optional[dict] = None,
               prefix_output: bool = True) -> list:
     """Run fn(*args, **kwargs) as np local ranks; returns every rank's value in rank order.
 
+    Once a rank has returned, the others have HOROVOD_SPARK_FINISH_GRACE_SECONDS (from
+    `env`, then this process's environment) to return too.
+
     Raises:
         RankFailed: naming the first failing rank, its exit status and traceback.
     """
+    grace = finish_grace(env)
     if not callable(fn):
         raise TypeError(f"run_local needs a callable, got {type(fn).__name__}")
     try:
@@ -101,7 +105,7 @@ def run_local(fn, np: int, args: Sequence = (), kwargs: Optional[dict] = None,
                                 stdout, stderr, secret, prefix_output)
     server.set(f"{group.job}/fn", blob)
     with group:
-        return group.wait_results(timeout)
+        return group.wait_results(timeout, grace)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -119,7 +123,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     group, _ = start_ranks([sys.executable, ns.script, *ns.args], ns.np, env, hosts)
     with group:
         try:
-            group.wait_exit(ns.timeout)
+            group.wait_exit(ns.timeout, finish_grace())
         except RankFailed as exc:
             print(f"collectives.launch: {exc}", file=sys.stderr)
             return exc.exitcode if exc.exitcode and exc.exitcode > 0 else 1

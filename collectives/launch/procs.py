@@ -3,7 +3,9 @@
 The *root cause* of a failed job is chosen after a short grace period, so a
 rank that raised or died is named rather than the peers that merely lost it:
 first a rank whose own code raised, then a rank that died without a word
-(signal, os._exit), then the earliest communication error.
+(signal, os._exit), then the earliest communication error.  Once a rank has
+returned, the others have a *finish grace* to return too; a rank still running
+after it (frozen, or running steps the others do not) fails the job by name.
 """
 from __future__ import annotations
 
@@ -17,12 +19,32 @@ from typing import Optional
 
 import cloudpickle
 
-__all__ = ["RankFailed", "RankGroup", "failure_text", "signal_name"]
+from .. import settings
+
+__all__ = ["RankFailed", "RankGroup", "failure_text", "signal_name", "finish_grace",
+           "unfinished_text", "FINISH_GRACE"]
 
 _COMM_ERRORS = ("PeerLostError", "CollectiveTimeout")
 _PEER = re.compile(r"peer rank (\d+)")
 GRACE = 1.0
 TAIL = 20
+#: Seconds the other ranks may run on once one rank returned (HOROVOD_SPARK_FINISH_GRACE_SECONDS).
+FINISH_GRACE = settings.FINISH_GRACE.default
+
+
+def finish_grace(env=None) -> float:
+    """The finish grace: the job's `env` wins over this process's environment; 0: for ever."""
+    job = dict(env or {})
+    return settings.FINISH_GRACE.read(job if job.get(settings.FINISH_GRACE.name) else None)
+
+
+def unfinished_text(returned: int, running: list, grace: float) -> str:
+    """What a job whose ranks did not all return within the finish grace is told."""
+    who = f"rank {running[0]} has" if len(running) == 1 else f"ranks {running} have"
+    return (f"rank {returned} returned from the function {grace:g} s ago and {who} not: a rank "
+            "frozen, or running steps the others do not; every rank must run the same number "
+            "of steps, or use hvd.join() (HOROVOD_SPARK_FINISH_GRACE_SECONDS sets this grace; "
+            "0 waits for ever)")
 
 
 def signal_name(exitcode: Optional[int]) -> Optional[str]:
@@ -135,10 +157,12 @@ class RankGroup:
                     and (m := _PEER.search(e.message)) and int(m.group(1)) not in failed]
         return (own or silent or pointing or errs)[0]
 
-    def wait_exit(self, timeout: Optional[float] = None) -> None:
-        """Wait for every rank to exit 0; raise RankFailed for the root cause otherwise."""
+    def wait_exit(self, timeout: Optional[float] = None, grace: float = FINISH_GRACE) -> None:
+        """Wait for every rank to exit 0; raise RankFailed for the root cause otherwise.
+
+        grace: the finish grace (see the module docstring); 0 waits for ever."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        first_fail = None
+        first_fail = first_ok = None
         while True:
             codes = [p.poll() for p in self.procs]
             failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
@@ -148,14 +172,20 @@ class RankGroup:
                 raise self._root_cause(failed)
             if not failed and all(c == 0 for c in codes):
                 return
+            if first_ok is None and 0 in codes:
+                first_ok = (time.monotonic(), codes.index(0))
+            if not failed and first_ok and grace > 0 and time.monotonic() - first_ok[0] > grace:
+                running = [r for r, c in enumerate(codes) if c is None]
+                raise RankFailed(running[0], None, "RankDidNotFinish",
+                                 unfinished_text(first_ok[1], running, grace))
             if deadline is not None and time.monotonic() > deadline:
                 running = [r for r, c in enumerate(codes) if c is None]
                 raise RankFailed(None, None, "JobTimeout",
                                  f"ranks {running} still running after {timeout:g} s; killed")
             time.sleep(0.005)
 
-    def wait_results(self, timeout: Optional[float] = None) -> list:
-        self.wait_exit(timeout)
+    def wait_results(self, timeout: Optional[float] = None, grace: float = FINISH_GRACE) -> list:
+        self.wait_exit(timeout, grace)
         out = []
         for r in range(len(self.procs)):
             rec = self._record(r)

@@ -10,6 +10,17 @@ from typing import Mapping, Optional
 
 __all__ = ["RankEnv"]
 
+#: HVS_SECRET once read from this process's environment, which then drops it: the
+#: training function's own subprocesses must not inherit the job's key.
+_TAKEN: dict = {}
+
+
+def _own_environ() -> Mapping[str, str]:
+    secret = os.environ.pop("HVS_SECRET", None)
+    if secret is not None:
+        _TAKEN["HVS_SECRET"] = secret
+    return {**os.environ, **_TAKEN} if _TAKEN else os.environ
+
 
 @dataclasses.dataclass(frozen=True)
 class RankEnv:
@@ -32,7 +43,7 @@ class RankEnv:
 
     @classmethod
     def from_environ(cls, environ: Optional[Mapping[str, str]] = None) -> Optional["RankEnv"]:
-        env = os.environ if environ is None else environ
+        env = _own_environ() if environ is None or environ is os.environ else environ
         if "HVS_RANK" not in env:
             return None
         try:

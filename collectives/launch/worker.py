@@ -2,20 +2,45 @@
 
 It reads the rank environment, fetches the cloudpickled (fn, args, kwargs)
 from the authenticated store, runs it, and writes back ("ok", value) or
-("error", type, message, traceback, pickled exception).  It then leaves with
-os._exit so no stray non-daemon thread of user code can hold the rank open.
+("error", type, message, traceback, pickled exception).  Only the ranks in
+HVS_RETURN_RANKS (unset: all; "0" under HorovodRunner) pickle their value: the
+others' is thrown away, so it never travels and never fails the job.
+
+Then it leaves the way Python does, so the exit handlers run (the adapters'
+hvd.shutdown(), which tells ranks still waiting in a collective that this one
+returned, and the timeline's close), bounded by EXIT_GRACE_S, after which
+os._exit ends it: no stray non-daemon thread or exit handler of user code can
+hold the rank open.
 """
 from __future__ import annotations
 
 import os
 import sys
+import threading
 import traceback
 
 import cloudpickle
 
 from .rankenv import RankEnv
+from ..settings import RETURN_RANKS
 from ..settings import WARM_REPORT
 from ..rendezvous.store import TCPStore
+
+
+#: Seconds the exit handlers may take after the result is stored.
+EXIT_GRACE_S = 10.0
+
+
+def describe_exception(exc: BaseException) -> str:
+    """str(exc), or what can be said of an exception whose __str__ raises."""
+    try:
+        return str(exc)
+    except Exception as broken:
+        try:
+            args = repr(exc.args)
+        except Exception:
+            args = "(unprintable)"
+        return (f"<the exception's __str__ raised {type(broken).__name__}>; its args: {args}")
 
 
 def _error_record(exc: BaseException) -> tuple:
@@ -23,7 +48,12 @@ def _error_record(exc: BaseException) -> tuple:
         blob = cloudpickle.dumps(exc)
     except Exception:
         blob = b""
-    return ("error", type(exc).__name__, str(exc), traceback.format_exc(), blob)
+    return ("error", type(exc).__name__, describe_exception(exc), traceback.format_exc(), blob)
+
+
+def _returns_value(rank: int) -> bool:
+    wanted = RETURN_RANKS.read()
+    return wanted is None or str(rank) in wanted.split(",")
 
 
 def main() -> int:
@@ -36,7 +66,9 @@ def main() -> int:
     fn, args, kwargs = cloudpickle.loads(store.get(f"{env.job}/fn"))
     code = 0
     try:
-        record = ("ok", fn(*args, **kwargs))
+        value = fn(*args, **kwargs)
+        record = ("ok", value if _returns_value(env.rank) else None)
+        del value
     except BaseException as exc:  # the driver gets every failure, SystemExit included
         record, code = _error_record(exc), 1
     try:
@@ -55,8 +87,21 @@ def main() -> int:
     return code
 
 
+def _leave(rc: int) -> None:
+    """A failed rank leaves at once (its peers see it gone); one that returned exits the way
+    Python does, within EXIT_GRACE_S."""
+    def cut():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+
+    if rc != 0:
+        cut()
+    timer = threading.Timer(EXIT_GRACE_S, cut)
+    timer.daemon = True
+    timer.start()
+    sys.exit(rc)
+
+
 if __name__ == "__main__":
-    rc = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(rc)
+    _leave(main())

@@ -30,6 +30,7 @@ from . import checks
 from .logchannel import LineSink, LogServer, parse_failure_markers
 from .pickling import code_files, pickle_job, restore_frames
 from .settings import DriverSettings
+from .watch import Watch
 from ..progress import ENABLED as _PROGRESS_ENV
 from ..progress import PROGRESS_MARK, Tracked
 
@@ -171,6 +172,7 @@ class JobOptions:
     timestamps: bool = False
     executable: Optional[str] = None
     settings: DriverSettings = DriverSettings()  # the driver's switches, read as the job starts
+    timeout: Optional[float] = None   # seconds for the whole job (each attempt); None: none
 
     def say(self, level: int, msg: str) -> None:
         if self.verbose >= level:
@@ -211,7 +213,7 @@ def run_on_driver(fn, args, kwargs, opts: JobOptions) -> list:
     for attempt in range(opts.max_restarts + 1):
         try:
             return run_local(_tracked(fn, opts), size, args=args, kwargs=kwargs, env=dict(opts.env),
-                             stdout=opts.stdout, stderr=opts.stderr)
+                             stdout=opts.stdout, stderr=opts.stderr, timeout=opts.timeout)
         except RankFailed as exc:
             rec = {"rank": exc.rank, "size": size, "host": "localhost", "exitcode": exc.exitcode,
                    "error_type": exc.error_type, "message": exc.message,
@@ -291,16 +293,27 @@ def _attempt(sc, payload: bytes, secret: bytes, job: str, limit: int, opts: JobO
     opts.say(2, f"{job}: {opts.np} ranks on {sc.master}")
     sc.addJobTag(tag)
     ok = False
+    watch = Watch(opts.np, server, lambda: _cancel(sc, server, tag), opts.timeout,
+                  opts.settings.finish_grace)
     try:
         rdd = sc.parallelize(range(opts.np), opts.np).barrier()
         rows = rdd.mapPartitions(functools.partial(run_task, spec)).collect()
         ok = True
     except Exception as exc:  # py4j's Py4JJavaError and friends: Spark's account of the failure
-        record = failure_of(server, exc, opts.np)
+        watch.close()
+        record = watch.record or failure_of(server, exc, opts.np)
         raise JobFailedError(record, attempt, opts.max_restarts + 1, files) from None
     finally:
+        watch.close()
         _finish(sc, server, tag, ok, opts.np, store)
     return _values(rows, opts)
+
+
+def _cancel(sc, server: Optional[LogServer], tag: str) -> None:
+    """The watch ends the attempt: its ranks die now, its Spark job is cancelled."""
+    if server is not None:
+        server.abort_all()
+    sc.cancelJobsWithTag(tag)
 
 
 def _finish(sc, server: Optional[LogServer], tag: str, ok: bool, np_: int, store=None) -> None:

@@ -15,7 +15,7 @@ from typing import Mapping, Optional, Tuple
 
 from collectives.settings import CONTRACT as _COLLECTIVES_CONTRACT
 from collectives.settings import SETTINGS as _COLLECTIVES
-from collectives.settings import Setting, parse_bool
+from collectives.settings import FINISH_GRACE, Setting, parse_bool
 
 __all__ = ["DriverSettings", "table", "RENDEZVOUS", "WARM_START", "START_TIMEOUT",
            "PARQUET_DIRECT", "TF_LANE", "CACHE", "PROGRESS", "LOG_CALLBACK"]
@@ -64,11 +64,13 @@ class DriverSettings:
     warm_start: bool = WARM_START.default
     start_timeout: float = START_TIMEOUT.default
     parquet_direct: bool = PARQUET_DIRECT.default
+    finish_grace: float = FINISH_GRACE.default
 
     @classmethod
     def read(cls, job_env: Mapping[str, str] = (), environ: Optional[Mapping[str, str]] = None
              ) -> "DriverSettings":
-        """From the driver's environment; the job's `env` wins for HOROVOD_SPARK_WARM_START.
+        """From the driver's environment; the job's `env` wins for HOROVOD_SPARK_WARM_START and
+        HOROVOD_SPARK_FINISH_GRACE_SECONDS.
 
         Raises:
             ValueError: a value that does not parse, naming the variable.
@@ -77,8 +79,10 @@ class DriverSettings:
         job_env = dict(job_env)
         warn_unknown({**env, **job_env})
         warm = WARM_START.read(job_env) if job_env.get(WARM_START.name) else WARM_START.read(env)
+        grace = FINISH_GRACE.read(job_env if job_env.get(FINISH_GRACE.name) else env)
         return cls(rendezvous=RENDEZVOUS.read(env), warm_start=warm,
-                   start_timeout=START_TIMEOUT.read(env), parquet_direct=PARQUET_DIRECT.read(env))
+                   start_timeout=START_TIMEOUT.read(env), parquet_direct=PARQUET_DIRECT.read(env),
+                   finish_grace=grace)
 
 
 def warn_unknown(env: Mapping[str, str]) -> None:

@@ -114,6 +114,8 @@ def child_env(spec: TaskSpec, renv, gpus: Optional[Tuple[list, int]]) -> dict:
     env["PYTHONPATH"] = _python_path()
     env["PYTHONUNBUFFERED"] = "1"
     env["HVS_LOG_CALLBACK"] = "1"
+    if spec.rank0_only:  # the others' values are thrown away: they are never pickled
+        env["HVS_RETURN_RANKS"] = "0"
     if gpus is not None:
         visible, ordinal = gpus
         env["CUDA_VISIBLE_DEVICES"] = ",".join(visible)

@@ -100,4 +100,48 @@ def sleeps(outdir, seconds):
     return "slept"
 
 
+class _BadStr(Exception):
+    def __str__(self):
+        raise RuntimeError("__str__ is broken too")
+
+
+def raises_unprintable(code=7):
+    """An exception whose __str__ raises."""
+    raise _BadStr("disk full", code)
+
+
+def unpicklable_on_rank1():
+    """Rank 1 returns a value that cannot be pickled (a lock); rank 0 a plain one."""
+    import threading
+
+    return threading.Lock() if int(os.environ["HVS_RANK"]) == 1 else "rank 0's value"
+
+
+def secret_seen_by_a_subprocess():
+    """Whether HVS_SECRET reaches a subprocess the training function starts."""
+    import subprocess
+    import sys
+
+    import collectives
+
+    comm = collectives.init()  # the rank still joins the job after the environment dropped it
+    comm.barrier()
+    comm.close()
+    probe = "import os; print(repr(os.environ.get('HVS_SECRET')))"
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True).stdout.strip(), "HVS_SECRET" in os.environ
+
+
+def timeline_without_shutdown(path, steps=5):
+    """hvd.init() with a timeline, a few allreduces, and no hvd.shutdown()."""
+    os.environ["HOROVOD_TIMELINE"] = path
+    import horovod_spark.torch as hvd
+    import torch
+
+    hvd.init()
+    for _ in range(steps):
+        hvd.allreduce(torch.ones(8), name="x")
+    return hvd.rank()
+
+
 cloudpickle.register_pickle_by_value(__import__(__name__))
