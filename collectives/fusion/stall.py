@@ -7,10 +7,11 @@ vector.  Then every rank, in the same cycle, gathers every rank's pending
 names with their ages, and each rank that holds a stalled tensor logs a
 warning naming it, the ranks that have not submitted it and what those ranks
 wait in instead (a name submitted as another kind, or another name, shows up
-there).  Past `stall_shutdown_time` (default 300 s; 0: never) the tensor
-fails on the ranks that hold it with CollectiveTimeout, and every rank drops
-it: the decision uses the largest age over ranks, so every rank takes it
-alike.  A stall is a hang, so the default fails it rather than waits.
+there).  Once a report's oldest stalled tensor is past `stall_shutdown_time`
+(default 300 s; 0: never), every stalled tensor of that report fails on the
+ranks that hold it with CollectiveTimeout, and every rank drops them: the
+report is the same on every rank, so every rank decides alike.  A stall is a
+hang, so the default fails it rather than waits.
 """
 from __future__ import annotations
 
@@ -58,26 +59,33 @@ class StallWatch:
         for r, items in enumerate(C.gather_json(self._comm, mine, "fusion.stall")):
             for name, tensor, kind, age in items:
                 holders.setdefault(name, {})[r] = (tensor, kind, age)
+        stalled = []
         for name, by_rank in holders.items():
             age = max(v[2] for v in by_rank.values())
             missing = [r for r in range(self.size) if r not in by_rank and not joined[r]]
             if missing and age >= self._config.stall_check_time:
-                text = (f"stalled for {age:.1f} s: submitted by ranks {sorted(by_rank)}, "
-                        f"not yet by ranks {missing}; " + _instead(missing, holders))
-                self._stalled(name, by_rank, text, age, pending, table, done)
+                stalled.append((name, by_rank, missing, age))
+        # One decision for the whole report, so ranks stalled on different names (one name
+        # submitted as two kinds) all fail in this cycle, none of them later by a lost peer.
+        limit = self._config.stall_shutdown_time
+        fail = limit > 0 and any(age >= limit for *_, age in stalled)
+        for name, by_rank, missing, age in stalled:
+            text = (f"stalled for {age:.1f} s: submitted by ranks {sorted(by_rank)}, "
+                    f"not yet by ranks {missing}; " + _instead(missing, holders))
+            self._stalled(name, by_rank, text, fail, pending, table, done)
 
-    def _stalled(self, name, by_rank, text, age, pending, table, done) -> None:
+    def _stalled(self, name, by_rank, text, fail, pending, table, done) -> None:
         tensor, kind, _ = next(iter(by_rank.values()))
         where = dict(rank=self.rank, size=self.size, op=kind, tensor=tensor)
         if self.rank in by_rank:
             log.warning(describe(text, hint=_HINT, **where))
-        limit = self._config.stall_shutdown_time
-        if limit > 0 and age >= limit:
+        if fail:
             table.drop(name)
             req = pending.pop(name, None)
             if req is not None:
                 done(req, None, CollectiveTimeout(describe(
-                    text, timeout=limit, hint=_SHUTDOWN_HINT, **where)))
+                    text, timeout=self._config.stall_shutdown_time, hint=_SHUTDOWN_HINT,
+                    **where)))
 
 
 def _instead(missing: list, holders: Dict[str, dict]) -> str:
