@@ -18,6 +18,12 @@ driver -> task:
 The channel is best effort by design: a client that cannot connect, or loses
 its connection, drops lines and counts them, and never raises into the task;
 the server never lets a bad peer or a failing output stream stop the job.
+While it is up, a client that cannot keep up holds the rank's output back
+(its queue is full: the task stops reading the rank's pipe) for up to
+LINE_WAIT_S per line before it drops one, and says how many it dropped.  A
+rank's output is cut into lines at newlines, at carriage returns (progress
+bars) and every MAX_LINE bytes (`split_lines`), so no frame nears MAX_FRAME;
+the server skips a frame over MAX_FRAME instead of hanging up.
 Failures also travel in the task's exception text (`failure_marker`), so the
 driver names the failing rank even without this channel.
 """
@@ -42,6 +48,14 @@ __all__ = ["LogServer", "LogClient", "LineSink", "log_to_driver", "forward_warni
            "failure_marker", "parse_failure_markers", "CALLBACK_MARK"]
 
 MAX_FRAME = 1 << 20
+#: A frame claiming more than this is no log frame: the server hangs up.
+_MAX_SKIP = 64 << 20
+#: Bytes of rank output in one line frame; a longer line is cut into pieces this long.
+MAX_LINE = 64 * 1024
+#: Seconds the task waits for room in a full queue before it drops a line.
+LINE_WAIT_S = 30.0
+#: Characters of a failure record's message and traceback that travel on the channel.
+_MAX_FIELD = 200 * 1024
 #: Prefix of a line a rank wrote with `log_to_driver`; the task strips it.
 CALLBACK_MARK = "\x1ehvs-log\x1e"
 _MARKER = "HVS-FAILURE:"
@@ -123,13 +137,49 @@ def close_listener(listener: socket.socket) -> None:
         pass
 
 
+def split_lines(pipe, limit: int = MAX_LINE):
+    """The lines of a binary pipe, split at \n, \r\n and \r and cut every `limit` bytes, so
+    no line grows without bound (a progress bar redraws with \r and never ends a line)."""
+    buf = b""
+    while True:
+        chunk = pipe.read1(1 << 16)
+        if not chunk:
+            break
+        buf += chunk
+        held = buf.endswith(b"\r")  # maybe the first half of \r\n
+        lines = re.split(rb"\r\n|\n|\r", buf[:-1] if held else buf)
+        buf = lines.pop() + (b"\r" if held else b"")
+        for line in lines:
+            yield from _cut(line, limit)
+        while len(buf) >= limit:
+            yield buf[:limit]
+            buf = buf[limit:]
+    if buf.rstrip(b"\r"):
+        yield buf.rstrip(b"\r")
+
+
+def _cut(line: bytes, limit: int):
+    if not line:
+        yield line
+    for at in range(0, len(line), limit):
+        yield line[at:at + limit]
+
+
+def _discard(sock: socket.socket, n: int) -> None:
+    from collectives.rendezvous.auth import recv_exact
+
+    while n > 0:
+        n -= len(recv_exact(sock, min(n, 1 << 16)))
+
+
 def send_frame(sock: socket.socket, obj: dict) -> None:
     data = json.dumps(obj, separators=(",", ":")).encode()
     sock.sendall(struct.pack(">I", len(data)) + data)
 
 
 def recv_frame(sock: socket.socket) -> Optional[dict]:
-    """The next frame, or None at a clean EOF; ValueError for a bad frame."""
+    """The next frame, or None at a clean EOF; ValueError for a bad frame; a frame over
+    MAX_FRAME (up to _MAX_SKIP) is read past and stands as {"t": "skipped"}."""
     from collectives.rendezvous.auth import recv_exact
 
     try:
@@ -137,8 +187,11 @@ def recv_frame(sock: socket.socket) -> Optional[dict]:
     except ConnectionError:
         return None
     (n,) = struct.unpack(">I", head)
-    if n > MAX_FRAME:
-        raise ValueError(f"log frame of {n} bytes is over the {MAX_FRAME} byte limit")
+    if n > _MAX_SKIP:
+        raise ValueError(f"log frame of {n} bytes is over the {_MAX_SKIP} byte limit")
+    if n > MAX_FRAME:  # skipped (read past, never held), not a reason to hang up
+        _discard(sock, n)
+        return {"t": "skipped", "n": n}
     obj = json.loads(recv_exact(sock, n))
     if not isinstance(obj, dict):
         raise ValueError("log frame is not a JSON object")
@@ -338,21 +391,29 @@ class LogClient:
         except Exception:
             return
 
-    def _put(self, frame: dict, block: bool) -> None:
+    def _put(self, frame: dict, wait: float) -> None:
         try:
-            self._q.put(frame, block=block, timeout=1.0 if block else None)
+            self._q.put(frame, block=wait > 0, timeout=wait if wait > 0 else None)
         except queue.Full:
             self.dropped += 1
 
     def line(self, stream: str, text: str) -> None:
-        self._put({"t": "out", "s": stream, "x": text}, block=False)
+        """Queue one line; while the channel is up, wait for room (back-pressure on the rank)."""
+        self._put({"t": "out", "s": stream, "x": text[:MAX_LINE]},
+                  0.0 if self.broken else LINE_WAIT_S)
 
     def failure(self, record: dict) -> None:
-        self._put({"t": "fail", "rec": record}, block=True)
+        record = {k: (v[:_MAX_FIELD] + " [cut]" if isinstance(v, str) and len(v) > _MAX_FIELD
+                      else v) for k, v in record.items()}
+        self._put({"t": "fail", "rec": record}, 1.0)
 
     def close(self, timeout: float = 3.0) -> None:
-        """Send what is queued (up to `timeout`), say done, and hang up."""
-        self._put({"t": "done"}, block=True)
+        """Send what is queued (up to `timeout`), say what was dropped and done, and hang up."""
+        if self.dropped:
+            self._put({"t": "out", "s": "cb", "x": f"rank {self.rank}: {self.dropped} lines of "
+                       "output dropped (the log channel to the driver could not keep up, or "
+                       "was lost)"}, 1.0)
+        self._put({"t": "done"}, 1.0)
         try:
             self._q.put(None, timeout=timeout)
         except queue.Full:

@@ -43,7 +43,7 @@ import time
 import traceback
 from typing import Iterator, Optional, Tuple
 
-from .logchannel import CALLBACK_MARK, LogClient, failure_marker
+from .logchannel import CALLBACK_MARK, LogClient, failure_marker, split_lines
 from .settings import WARM_START
 
 __all__ = ["TaskSpec", "run_task", "RankFailure"]
@@ -200,8 +200,8 @@ class RankProcess:
             self._pumps.append(t)
 
     def _pump(self, pipe, stream: str) -> None:
-        for raw in iter(pipe.readline, b""):
-            text = raw.decode("utf-8", "replace").rstrip("\n")
+        for raw in split_lines(pipe):
+            text = raw.decode("utf-8", "replace")
             kind = stream
             if text.startswith(CALLBACK_MARK):
                 text, kind = text[len(CALLBACK_MARK):], "cb"

@@ -144,4 +144,29 @@ def timeline_without_shutdown(path, steps=5):
     return hvd.rank()
 
 
+def long_lines(mib=2, redraws=2000):
+    """A line of `mib` MiB, a progress bar redrawn with \r and never ended, then one more line."""
+    import sys
+
+    rank = int(os.environ["HVS_RANK"])
+    sys.stdout.write("x" * (mib << 20) + "\n")
+    for i in range(redraws):
+        sys.stdout.write(f"\rprogress {i}/{redraws} " + "#" * (i % 60))
+    sys.stdout.write("\n")
+    print(f"rank {rank}: after the long lines", flush=True)
+    return rank
+
+
+def many_lines(n):
+    """n numbered lines on stdout, as fast as print goes."""
+    import sys
+
+    rank = int(os.environ["HVS_RANK"])
+    write = sys.stdout.write
+    for i in range(n):
+        write(f"r{rank} line {i}\n")
+    sys.stdout.flush()
+    return n
+
+
 cloudpickle.register_pickle_by_value(__import__(__name__))
