@@ -27,6 +27,7 @@ import time
 from typing import Callable, Iterable, Optional
 
 from . import auth
+from .accept import AcceptGate, accept_loop
 from ..errors import AuthenticationError, CollectiveError, CollectiveTimeout, PeerLostError, describe
 
 __all__ = ["Store", "InMemoryStore", "PrefixStore", "TCPStore", "StoreServer"]
@@ -152,6 +153,7 @@ class StoreServer(InMemoryStore):
         self._conns: set = set()
         self._threads: set = set()
         self._lock = threading.Lock()
+        self._gate = AcceptGate()
         self._spawn(self._accept_loop, "store-accept")
 
     def _spawn(self, target, name: str, *args) -> None:
@@ -169,17 +171,16 @@ class StoreServer(InMemoryStore):
                 self._threads.discard(threading.current_thread())
 
     def _accept_loop(self) -> None:
-        while not self._closed:
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
+        accept_loop(self._listener, lambda: self._closed, self._gate, self._admitted)
+
+    def _admitted(self, conn: socket.socket) -> None:
+        with self._lock:
+            if self._closed:
+                conn.close()
+                self._gate.release(conn)
                 return
-            with self._lock:
-                if self._closed:
-                    conn.close()
-                    return
-                self._conns.add(conn)
-            self._spawn(self._serve, "store-conn", conn)
+            self._conns.add(conn)
+        self._spawn(self._serve, "store-conn", conn)
 
     def _serve(self, conn: socket.socket) -> None:
         try:
@@ -196,6 +197,8 @@ class StoreServer(InMemoryStore):
             if not self._closed:  # a handshake cut short by close() is no attack
                 self.rejected += 1
             return
+        finally:
+            self._gate.release(conn)
         conn.settimeout(None)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:

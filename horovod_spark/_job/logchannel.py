@@ -42,6 +42,8 @@ import threading
 import time
 from typing import Callable, Optional
 
+from collectives.rendezvous.accept import AcceptGate, accept_loop
+
 from .settings import LOG_CALLBACK
 
 __all__ = ["LogServer", "LogClient", "LineSink", "log_to_driver", "forward_warnings",
@@ -240,15 +242,15 @@ class LogServer:
         self.failures: list = []   # failure records, in order of arrival
         self.done: set = set()     # ranks whose every line arrived
         self.rejected = 0          # connections that failed the handshake or the hello
+        self._closed = False
+        self._gate = AcceptGate()
         threading.Thread(target=self._accept_loop, name="hvs-log-accept", daemon=True).start()
 
     def _accept_loop(self) -> None:
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), name="hvs-log", daemon=True).start()
+        accept_loop(self._listener, lambda: self._closed, self._gate, self._admitted)
+
+    def _admitted(self, conn: socket.socket) -> None:
+        threading.Thread(target=self._serve, args=(conn,), name="hvs-log", daemon=True).start()
 
     def _hello(self, conn: socket.socket) -> Optional[int]:
         from collectives.rendezvous.auth import server_handshake
@@ -261,6 +263,8 @@ class LogServer:
             conn.settimeout(None)
         except (AuthenticationError, OSError, ValueError):
             hello = None
+        finally:
+            self._gate.release(conn)
         if not hello or hello.get("t") != "hello" or hello.get("job") != self.job:
             with self._cond:
                 self.rejected += 1
@@ -322,6 +326,7 @@ class LogServer:
                 pass
 
     def close(self) -> None:
+        self._closed = True
         close_listener(self._listener)
         with self._cond:
             conns = list(self._conns.values())
