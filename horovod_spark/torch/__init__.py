@@ -17,6 +17,7 @@ from collectives.errors import CollectiveError as HorovodInternalError
 from collectives.errors import (CollectiveError, CollectiveTimeout, MismatchError, NotSupported,
                                 PeerLostError)
 
+from ._errors import InvalidArgument
 from ._compat import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built,
                       mpi_enabled, mpi_threads_supported, nccl_built, rocm_built)
 from ._state import (cross_rank, cross_size, init, is_homogeneous, is_initialized, local_rank,
@@ -52,5 +53,5 @@ __all__ = [
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
     "Compression", "DistributedOptimizer",
     "HorovodInternalError", "CollectiveError", "CollectiveTimeout", "MismatchError",
-    "NotSupported", "PeerLostError",
+    "NotSupported", "PeerLostError", "InvalidArgument",
 ]

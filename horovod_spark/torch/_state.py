@@ -14,6 +14,7 @@ import time
 from typing import Optional
 
 from .._hvd import HorovodState
+from ._errors import InvalidArgument
 
 __all__ = ["init", "shutdown", "is_initialized", "engine", "submit", "waiting_now",
            "communicator", "rank", "size",
@@ -70,8 +71,15 @@ def waiting_now():
 
 
 def submit(name: str, kind: str, *args, **kwargs):
-    """engine().submit, lazy inside waiting_now()."""
-    return engine().submit(name, kind, *args, lazy=getattr(_local, "now", False), **kwargs)
+    """engine().submit, lazy inside waiting_now(); a refused argument is an InvalidArgument
+    (a ValueError, and the RuntimeError a Horovod script catches)."""
+    eng = engine()
+    try:
+        return eng.submit(name, kind, *args, lazy=getattr(_local, "now", False), **kwargs)
+    except ValueError as exc:
+        if isinstance(exc, InvalidArgument):
+            raise
+        raise InvalidArgument(str(exc)) from exc
 
 
 def op_name(kind: str, name: Optional[str]) -> str:

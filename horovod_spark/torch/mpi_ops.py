@@ -8,7 +8,10 @@ call the same ops in the same order match without names.  The in-place
 variants (trailing underscore) write into the given tensor.
 
 Horovod semantics kept: Average is the default reduce op; an integer tensor
-averages by floor division; alltoall returns received splits as int32.
+averages by division truncated toward zero, and scales (prescale, postscale)
+in float64 truncated back to its dtype; alltoall returns received splits as
+int32.  The engine reduces floating tensors only with factors, so integer
+scaling happens here, around a plain sum.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from collectives.errors import NotSupported
 from collectives.types import ReduceOp
 
 from . import _state
+from ._errors import InvalidArgument
 
 __all__ = ["Average", "Sum", "Adasum", "Min", "Max", "Product", "TorchHandle", "ProcessSet",
            "global_process_set", "allreduce_async", "allreduce_async_", "grouped_allreduce_async",
@@ -28,7 +32,7 @@ __all__ = ["Average", "Sum", "Adasum", "Min", "Max", "Product", "TorchHandle", "
            "alltoall_async", "reducescatter_async", "grouped_allgather_async",
            "grouped_reducescatter_async", "add_process_set", "remove_process_set",
            "synchronize", "poll", "join", "barrier",
-           "handle_average_backwards_compatibility"]
+           "handle_average_backwards_compatibility", "InvalidArgument"]
 
 Average = ReduceOp.AVERAGE
 Sum = ReduceOp.SUM
@@ -84,24 +88,62 @@ def handle_average_backwards_compatibility(op, average):
     return ReduceOp(op)
 
 
-def _integer_average(tensor: torch.Tensor, op: ReduceOp) -> bool:
-    return op == Average and not (tensor.dtype.is_floating_point or tensor.is_complex())
+def _is_integer(tensor: torch.Tensor) -> bool:
+    return not (tensor.dtype.is_floating_point or tensor.is_complex() or tensor.dtype == torch.bool)
 
 
-def _reduce_finish(op_avg_int: bool, inplace: Optional[torch.Tensor]):
+def _scale_int(tensor: torch.Tensor, factor: float) -> torch.Tensor:
+    """Horovod's integer scaling: the product in float64, truncated to the dtype."""
+    return (tensor.double() * factor).trunc().to(tensor.dtype)
+
+
+class _IntPlan:
+    """How an integer tensor reduces with Average or scale factors: a scaled input,
+    the op the engine runs, and what finish() does to the result."""
+
+    __slots__ = ("input", "op", "average", "post")
+
+    def __init__(self, tensor: torch.Tensor, op: ReduceOp, pre: float, post: float) -> None:
+        self.input = _scale_int(tensor, pre) if pre != 1.0 else tensor
+        self.average = op == Average
+        self.op = Sum if self.average else op
+        self.post = post
+
+    def finish(self, out: torch.Tensor) -> torch.Tensor:
+        n = _state.size()
+        if self.post != 1.0:  # one scaling, as Horovod folds 1/size into the postscale
+            scaled = _scale_int(out, self.post / (n if self.average else 1))
+        elif self.average:
+            scaled = torch.div(out, n, rounding_mode="trunc")
+        else:
+            return out
+        return out.copy_(scaled)
+
+
+def _int_plan(tensor, op, pre, post) -> Optional[_IntPlan]:
+    if not _is_integer(tensor) or (op != Average and pre == 1.0 and post == 1.0):
+        return None
+    return _IntPlan(tensor, op, pre, post)
+
+
+def _reduce_finish(plan: Optional[_IntPlan], inplace: Optional[torch.Tensor]):
     def finish(results):
-        out = results[0]
-        if op_avg_int:
-            out.floor_divide_(_state.size())
+        out = results[0] if plan is None else plan.finish(results[0])
         return inplace if inplace is not None else out
     return finish
 
 
+def _reduce_submit(kind, tensor, out, name, op, prescale, postscale):
+    """Submit one allreduce or reducescatter; returns (handle, integer plan or None)."""
+    plan = _int_plan(tensor, op, prescale, postscale)
+    if plan is None:
+        return _state.submit(name, kind, tensor, out=out, op=op, prescale=prescale,
+                             postscale=postscale), None
+    return _state.submit(name, kind, plan.input, out=out, op=plan.op), plan
+
+
 def _allreduce_submit(tensor, out, name, op, prescale, postscale):
-    int_avg = _integer_average(tensor, op)
-    return _state.submit(name, "allreduce", tensor, out=out,
-                                  op=Sum if int_avg else op, prescale=prescale,
-                                  postscale=postscale), int_avg
+    return _reduce_submit("allreduce", tensor, out, name, op, prescale, postscale)
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -109,9 +151,9 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     """Reduce `tensor` over ranks into a new tensor (the input is not modified)."""
     _check_process_set(process_set)
     op = handle_average_backwards_compatibility(op, average)
-    h, int_avg = _allreduce_submit(tensor, None, _state.op_name("allreduce", name), op,
-                                   prescale_factor, postscale_factor)
-    return TorchHandle([h], _reduce_finish(int_avg, None))
+    h, plan = _allreduce_submit(tensor, None, _state.op_name("allreduce", name), op,
+                                prescale_factor, postscale_factor)
+    return TorchHandle([h], _reduce_finish(plan, None))
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -119,26 +161,22 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     """Reduce `tensor` over ranks in place."""
     _check_process_set(process_set)
     op = handle_average_backwards_compatibility(op, average)
-    h, int_avg = _allreduce_submit(tensor, tensor, _state.op_name("allreduce", name), op,
-                                   prescale_factor, postscale_factor)
-    return TorchHandle([h], _reduce_finish(int_avg, tensor))
+    h, plan = _allreduce_submit(tensor, tensor, _state.op_name("allreduce", name), op,
+                                prescale_factor, postscale_factor)
+    return TorchHandle([h], _reduce_finish(plan, tensor))
 
 
 def _grouped(tensors: Sequence[torch.Tensor], inplace: bool, name, op, pre, post) -> TorchHandle:
     base = _state.op_name("grouped_allreduce", name)
-    handles, floors = [], []
+    handles, plans = [], []
     for i, t in enumerate(tensors):
-        h, int_avg = _allreduce_submit(t, t if inplace else None, f"{base}.{i}", op, pre, post)
+        h, plan = _allreduce_submit(t, t if inplace else None, f"{base}.{i}", op, pre, post)
         handles.append(h)
-        floors.append(int_avg)
+        plans.append(plan)
 
     def finish(results):
-        out = []
-        for t, r, floor in zip(tensors, results, floors):
-            if floor:
-                r.floor_divide_(_state.size())
-            out.append(t if inplace else r)
-        return out
+        out = [r if p is None else p.finish(r) for r, p in zip(results, plans)]
+        return list(tensors) if inplace else out
     return TorchHandle(handles, finish)
 
 
@@ -200,16 +238,22 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     return TorchHandle([h], finish)
 
 
+def _check_scatterable(tensor, what: str) -> None:
+    if tensor.dim() == 0:
+        raise InvalidArgument(f"{what}: a 0-d tensor has no rows to scatter; pass a tensor "
+                              f"of at least one dimension (on rank {_state.rank()}/{_state.size()})")
+
+
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
                         prescale_factor=1.0, postscale_factor=1.0) -> TorchHandle:
     """Reduce over ranks, keep this rank's rows of dim 0 (the first ranks get one extra)."""
     _check_process_set(process_set)
     op = handle_average_backwards_compatibility(op, None)
-    int_avg = _integer_average(tensor, op)
-    h = _state.submit(_state.op_name("reducescatter", name), "reducescatter", tensor,
-                               op=Sum if int_avg else op, prescale=prescale_factor,
-                               postscale=postscale_factor)
-    return TorchHandle([h], _reduce_finish(int_avg, None))
+    _check_scatterable(tensor, "reducescatter")
+    h, plan = _reduce_submit("reducescatter", tensor, None,
+                             _state.op_name("reducescatter", name), op, prescale_factor,
+                             postscale_factor)
+    return TorchHandle([h], _reduce_finish(plan, None))
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> TorchHandle:
@@ -226,16 +270,17 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
     _check_process_set(process_set)
     op = handle_average_backwards_compatibility(op, None)
     base = _state.op_name("grouped_reducescatter", name)
-    handles, floors = [], []
+    for i, t in enumerate(tensors):  # before any is submitted, so none is left pending
+        _check_scatterable(t, f"grouped_reducescatter '{base}' tensor {i}")
+    handles, plans = [], []
     for i, t in enumerate(tensors):
-        int_avg = _integer_average(t, op)
-        handles.append(_state.submit(f"{base}.{i}", "reducescatter", t,
-                                              op=Sum if int_avg else op, prescale=prescale_factor,
-                                              postscale=postscale_factor))
-        floors.append(int_avg)
+        h, plan = _reduce_submit("reducescatter", t, None, f"{base}.{i}", op, prescale_factor,
+                                 postscale_factor)
+        handles.append(h)
+        plans.append(plan)
 
     def finish(results):
-        return [r.floor_divide_(_state.size()) if f else r for r, f in zip(results, floors)]
+        return [r if p is None else p.finish(r) for r, p in zip(results, plans)]
     return TorchHandle(handles, finish)
 
 

@@ -6,7 +6,8 @@ with Horovod's gradients: the gradient of an allreduce is the allreduce of
 the gradient; of an allgather, the averaged gradient's own rows; of a
 broadcast, the averaged gradient on the root and zeros elsewhere; of an
 alltoall, the alltoall back; of a reducescatter, the allgather of the
-gradient (divided by the world size for Average).
+gradient times the factors (and the world size for Sum: Horovod's convention,
+under which Average's gradient is the gathered gradient itself).
 """
 from __future__ import annotations
 
@@ -161,7 +162,7 @@ def alltoall(tensor, splits=None, name=None, process_set=M.global_process_set):
 class _Reducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, pre, post):
-        ctx.scale = pre * post / (_state.size() if op == M.Average else 1)
+        ctx.scale = pre * post * (_state.size() if op == M.Sum else 1)
         return _now(lambda: M.reducescatter_async(tensor, name=name, op=op, prescale_factor=pre,
                                                    postscale_factor=post))
 
@@ -204,7 +205,7 @@ def grouped_allgather(tensors, name=None, process_set=M.global_process_set):
 class _GroupedReducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, pre, post, *tensors):
-        ctx.scale = pre * post / (_state.size() if op == M.Average else 1)
+        ctx.scale = pre * post * (_state.size() if op == M.Sum else 1)
         return tuple(_now(lambda: M.grouped_reducescatter_async(
             list(tensors), name=name, op=op, prescale_factor=pre, postscale_factor=post)))
 

@@ -27,7 +27,7 @@ def want(size: int, shape, dtype, op: str, tag: int = 0) -> np.ndarray:
     xs = np.stack([data(r, shape, dtype, tag).double().numpy() for r in range(size)])
     if op == "avg":
         out = xs.mean(0)
-        return np.floor(xs.sum(0) / size) if not dtype.is_floating_point else out
+        return np.trunc(xs.sum(0) / size) if not dtype.is_floating_point else out
     return {"sum": xs.sum(0), "min": xs.min(0), "max": xs.max(0), "prod": xs.prod(0)}[op]
 
 

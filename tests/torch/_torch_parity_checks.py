@@ -1,0 +1,135 @@
+"""Checks that horovod_spark.torch computes what Horovod's torch API computes, run in
+every rank of one launch (see test_torch_parity.py): integer Average and scale
+factors, reducescatter's refusals and gradients, the errors a script catches.
+
+Every rank builds every rank's input (`ints(r)`), so each result is checked
+against numpy.
+"""
+from __future__ import annotations
+
+import traceback
+
+import numpy as np
+import torch
+
+
+def ints(r: int, dtype=torch.int32, n: int = 6) -> torch.Tensor:
+    """Rank r's integers: both signs (unsigned dtypes: small positives)."""
+    base = np.arange(n) * 3 - 7 + 5 * r
+    if not dtype.is_signed:
+        base = np.abs(base) % 50
+    return torch.from_numpy(base).to(dtype)
+
+
+def trunc_scaled(a: np.ndarray, factor: float) -> np.ndarray:
+    """Horovod's integer scaling: the float64 product truncated toward zero."""
+    return np.trunc(a.astype(np.float64) * factor)
+
+
+def reduced(size: int, dtype, pre: float = 1.0, post: float = 1.0, average: bool = False):
+    xs = [trunc_scaled(ints(r, dtype).numpy(), pre) for r in range(size)]
+    return trunc_scaled(np.sum(xs, 0), post / (size if average else 1))
+
+
+def my_rows(total: int, rank: int, size: int) -> slice:
+    base, rem = divmod(total, size)
+    start = rank * base + min(rank, rem)
+    return slice(start, start + base + (1 if rank < rem else 0))
+
+
+def integer_average_truncates_toward_zero(hvd):
+    r, n = hvd.rank(), hvd.size()
+    for dtype in (torch.int32, torch.int64, torch.int8, torch.uint8):
+        got = hvd.allreduce(ints(r, dtype), op=hvd.Average)
+        want = reduced(n, dtype, average=True)
+        assert got.dtype == dtype and got.tolist() == want.tolist(), (dtype, got, want)
+        y = ints(r, dtype)
+        hvd.allreduce_(y)  # Average is the default
+        assert y.tolist() == want.tolist(), (dtype, y, want)
+
+
+def integer_scale_factors_scale_as_horovod(hvd):
+    r, n = hvd.rank(), hvd.size()
+    for dtype in (torch.int32, torch.int64, torch.uint8):
+        for op, avg in ((hvd.Sum, False), (hvd.Average, True)):
+            got = hvd.allreduce(ints(r, dtype), op=op, prescale_factor=2.5, postscale_factor=0.5)
+            want = reduced(n, dtype, 2.5, 0.5, avg)
+            assert got.dtype == dtype and got.tolist() == want.tolist(), (dtype, op, got, want)
+        x = ints(r, dtype, n=2 * n + 1)
+        rows = my_rows(2 * n + 1, r, n)
+        full = np.sum([trunc_scaled(ints(q, dtype, 2 * n + 1).numpy(), 3.0) for q in range(n)], 0)
+        got = hvd.reducescatter(x, op=hvd.Sum, prescale_factor=3.0)
+        assert got.tolist() == full[rows].tolist(), (dtype, got, full[rows])
+        got = hvd.reducescatter(x, op=hvd.Average, postscale_factor=2.0)
+        plain = np.sum([ints(q, dtype, 2 * n + 1).numpy() for q in range(n)], 0)
+        assert got.tolist() == np.trunc(plain * (2.0 / n))[rows].tolist(), (dtype, got)
+        g1, g2 = hvd.grouped_reducescatter([x, x * 2], op=hvd.Average)
+        assert g1.tolist() == np.trunc(plain / n)[rows].tolist(), (dtype, g1)
+        assert g2.tolist() == np.trunc(plain * 2 / n)[rows].tolist(), (dtype, g2)
+
+
+def reducescatter_refuses_a_scalar(hvd):
+    for call in (lambda: hvd.reducescatter(torch.tensor(1.0)),
+                 lambda: hvd.grouped_reducescatter([torch.ones(4), torch.tensor(2.0)])):
+        try:
+            call()
+        except RuntimeError as exc:  # what Horovod scripts catch
+            assert isinstance(exc, ValueError) and isinstance(exc, hvd.InvalidArgument), exc
+            assert "0-d" in str(exc), exc
+        else:
+            raise AssertionError("a 0-d reducescatter did not raise")
+    hvd.barrier()  # nothing was left pending: the next ops match
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == hvd.size()
+
+
+def reducescatter_gradients_are_horovods(hvd):
+    r, n = hvd.rank(), hvd.size()
+    for op, scale in ((hvd.Sum, n), (hvd.Average, 1)):
+        x = torch.ones(2 * n, 3, requires_grad=True)
+        (hvd.reducescatter(x, op=op) * (r + 1)).sum().backward()
+        want = np.repeat([[q + 1.0] * 3 for q in range(n)], 2, axis=0) * scale
+        np.testing.assert_array_equal(x.grad.numpy(), want)
+        x = torch.ones(2 * n, requires_grad=True)
+        hvd.reducescatter(x, op=op, prescale_factor=2.0, postscale_factor=3.0).sum().backward()
+        np.testing.assert_array_equal(x.grad.numpy(), np.full(2 * n, 6.0 * scale))
+        a, b = (torch.ones(n, requires_grad=True), torch.ones(2 * n, 2, requires_grad=True))
+        ga, gb = hvd.grouped_reducescatter([a, b], op=op)
+        (ga.sum() + 2 * gb.sum()).backward()
+        assert a.grad.tolist() == [1.0 * scale] * n, (op, a.grad)
+        assert (b.grad == 2.0 * scale).all(), (op, b.grad)
+
+
+def errors_are_the_types_horovod_scripts_catch(hvd):
+    r, n = hvd.rank(), hvd.size()
+    cases = [("shape", lambda: hvd.allreduce(torch.ones(2 + r), name="parity.shape")),
+             ("dtype", lambda: hvd.allreduce(torch.ones(2, dtype=torch.float32 if r else
+                                                        torch.float64), name="parity.dtype")),
+             ("splits", lambda: hvd.alltoall(torch.ones(n + 1), splits=[1] * n)),
+             ("root", lambda: hvd.broadcast(torch.ones(2), root_rank=n + 3))]
+    for what, call in cases:
+        try:
+            call()
+        except RuntimeError as exc:
+            assert str(exc), what
+        else:
+            raise AssertionError(f"a mismatched {what} did not raise")
+
+
+CHECKS = [integer_average_truncates_toward_zero, integer_scale_factors_scale_as_horovod,
+          reducescatter_refuses_a_scalar, reducescatter_gradients_are_horovods,
+          errors_are_the_types_horovod_scripts_catch]
+
+
+def run_all() -> dict:
+    torch.set_num_threads(1)
+    import horovod_spark.torch as hvd
+    hvd.init()
+    results = {}
+    for check in CHECKS:
+        try:
+            check(hvd)
+            results[check.__name__] = "ok"
+        except Exception:
+            results[check.__name__] = traceback.format_exc()
+    hvd.shutdown()
+    return results
