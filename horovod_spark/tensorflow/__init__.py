@@ -15,6 +15,7 @@ from collectives.errors import CollectiveError as HorovodInternalError
 from collectives.errors import (CollectiveError, CollectiveTimeout, MismatchError, NotSupported,
                                 PeerLostError)
 
+from ._errors import InvalidArgument
 from ._basics import (cross_rank, cross_size, init, is_homogeneous, is_initialized, local_rank,
                       local_size, rank, shutdown, size, start_timeline, stop_timeline)
 from ._compat import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built,
@@ -37,7 +38,7 @@ __all__ = [
     "broadcast_variables", "broadcast_global_variables", "broadcast_object", "allgather_object",
     "Compression", "DistributedGradientTape", "DistributedOptimizer",
     "HorovodInternalError", "CollectiveError", "CollectiveTimeout", "MismatchError",
-    "NotSupported", "PeerLostError",
+    "NotSupported", "PeerLostError", "InvalidArgument",
 ]
 
 

@@ -22,6 +22,8 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from ._errors import converted
+
 __all__ = ["call", "op_name", "site_suffix", "to_wire", "from_wire", "check_not_xla"]
 
 _counters: dict = {}
@@ -77,7 +79,8 @@ def call(kernel: Callable, inputs: Sequence[tf.Tensor], touts: Sequence[tf.DType
          shapes: Sequence, name: str) -> list:
     """Run kernel(*numpy inputs) -> list of arrays, eagerly or as a graph op."""
     if tf.executing_eagerly():
-        outs = kernel(*[np.asarray(t) for t in inputs])
+        with converted():
+            outs = kernel(*[np.asarray(t) for t in inputs])
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, touts)]
     check_not_xla(name)
 

@@ -6,10 +6,14 @@ is a list of arrays submitted together, each under its own name, and waited
 for together; the engine fuses them into one collective per dtype (up to the
 fusion threshold), so a model's gradients cost one engine cycle per step.
 
-Integer AVERAGE is a sum followed by floor division, as in Horovod; the engine
-refuses AVERAGE on integers, so it never sees one.  Every kernel waits for its
-ops at once, so it submits them `lazy`: the wait runs the engine's cycle on
-this thread (TensorFlow's), with no hand-over to the engine's thread.
+Integers reduce as Horovod's do: AVERAGE is a sum divided with truncation
+toward zero, and scale factors multiply in float64, truncated back to the
+dtype; the engine reduces floats only with either, so it sees a plain sum.
+Ops that only move bytes (allgather, broadcast, alltoall) carry unsigned
+integers the engine has no code for as the signed type of their width.
+Every kernel waits for its ops at once, so it submits them `lazy`: the wait
+runs the engine's cycle on this thread (TensorFlow's), with no hand-over to
+the engine's thread.
 """
 from __future__ import annotations
 
@@ -26,8 +30,55 @@ __all__ = ["allreduce_group", "broadcast_group", "allgather", "alltoall", "reduc
            "barrier", "join", "broadcast_object", "allgather_object"]
 
 
-def _integer_average(op: ReduceOp, dtype: np.dtype) -> bool:
-    return op == ReduceOp.AVERAGE and not np.issubdtype(dtype, np.floating)
+_BYTES_AS = {np.dtype(np.uint16): np.dtype(np.int16), np.dtype(np.uint32): np.dtype(np.int32),
+             np.dtype(np.uint64): np.dtype(np.int64)}
+
+
+def _moved(a: np.ndarray) -> np.ndarray:
+    """`a` as the engine can move it (the same bytes)."""
+    a = np.ascontiguousarray(a)
+    alias = _BYTES_AS.get(a.dtype)
+    return a if alias is None else a.view(alias)
+
+
+def _scale_int(a: np.ndarray, factor: float) -> np.ndarray:
+    return np.trunc(a.astype(np.float64) * factor).astype(a.dtype)
+
+
+class _IntPlan:
+    """An integer reduction with AVERAGE or scale factors: a scaled input, the op the
+    engine runs, and finish() for the result."""
+
+    def __init__(self, a: np.ndarray, op: ReduceOp, pre: float, post: float) -> None:
+        self.input = _scale_int(a, pre) if pre != 1.0 else a
+        self.average = op == ReduceOp.AVERAGE
+        self.op = ReduceOp.SUM if self.average else op
+        self.post = post
+
+    def finish(self, r: np.ndarray) -> np.ndarray:
+        n = _basics.size()
+        if self.post != 1.0:  # one scaling: Horovod folds 1/size into the postscale
+            return _scale_int(r, self.post / (n if self.average else 1))
+        if self.average:  # toward zero, exactly (no float64 round trip)
+            q = np.abs(r) // r.dtype.type(n)
+            return np.where(r < 0, -q, q).astype(r.dtype)
+        return r
+
+
+def _plan(a: np.ndarray, op: ReduceOp, pre: float, post: float) -> "Optional[_IntPlan]":
+    if not np.issubdtype(a.dtype, np.integer):
+        return None
+    if op != ReduceOp.AVERAGE and pre == 1.0 and post == 1.0:
+        return None
+    return _IntPlan(a, op, pre, post)
+
+
+def _submit_reduce(eng, kind: str, name: str, a: np.ndarray, op: ReduceOp, pre: float,
+                   post: float):
+    plan = _plan(a, op, pre, post)
+    if plan is None:
+        return eng.submit(name, kind, a, op=op, prescale=pre, postscale=post, lazy=True), None
+    return eng.submit(name, kind, plan.input, op=plan.op, lazy=True), plan
 
 
 def allreduce_group(arrays: Sequence[np.ndarray], names: Sequence[str], op: ReduceOp,
@@ -38,47 +89,44 @@ def allreduce_group(arrays: Sequence[np.ndarray], names: Sequence[str], op: Redu
     pending = []
     for a, name in zip(arrays, names):
         flat = np.ascontiguousarray(a)  # 0-d arrays come back 1-d: keep the shape apart
-        if _integer_average(op, flat.dtype):
-            handle = eng.submit(name, "allreduce", flat, op=ReduceOp.SUM, lazy=True)
-        else:
-            handle = eng.submit(name, "allreduce", flat, op=op, prescale=prescale,
-                                postscale=postscale, lazy=True)
-        pending.append((handle, np.shape(a), _integer_average(op, flat.dtype)))
+        handle, plan = _submit_reduce(eng, "allreduce", name, flat, op, prescale, postscale)
+        pending.append((handle, np.shape(a), plan))
     out = []
-    for handle, shape, floor in pending:
+    for handle, shape, plan in pending:
         r = np.asarray(handle.wait()).reshape(shape)
-        out.append(np.floor_divide(r, r.dtype.type(_basics.size())) if floor else r)
+        out.append(r if plan is None else plan.finish(r))
     return out
 
 
 def broadcast_group(arrays: Sequence[np.ndarray], names: Sequence[str], root: int) -> list:
     """Every array as root has it; returns new arrays."""
     eng = _basics.engine()
-    handles = [eng.submit(n, "broadcast", np.array(a, copy=True), root=root, lazy=True)  # in place
-               for a, n in zip(arrays, names)]
-    return [np.asarray(h.wait()).reshape(np.shape(a)) for h, a in zip(handles, arrays)]
+    handles = [eng.submit(n, "broadcast", _moved(np.array(a, copy=True)), root=root, lazy=True)
+               for a, n in zip(arrays, names)]  # a copy: the engine broadcasts in place
+    return [np.asarray(h.wait()).view(np.asarray(a).dtype).reshape(np.shape(a))
+            for h, a in zip(handles, arrays)]
 
 
 def allgather(x: np.ndarray, name: str) -> np.ndarray:
     """Every rank's x concatenated along dim 0 (first dims may differ)."""
-    return np.asarray(_basics.engine().submit(name, "allgather", np.ascontiguousarray(x),
-                                              lazy=True).wait())
+    out = _basics.engine().submit(name, "allgather", _moved(x), lazy=True).wait()
+    return np.asarray(out).view(np.asarray(x).dtype)
 
 
 def alltoall(x: np.ndarray, splits: Optional[Sequence[int]], name: str):
     """Rows splits[j] go to rank j; returns (received rows, received splits as int32)."""
-    out, recv = _basics.engine().submit(name, "alltoall", np.ascontiguousarray(x),
-                                        splits=splits, lazy=True).wait()
-    return np.asarray(out), np.asarray(recv, dtype=np.int32)
+    out, recv = _basics.engine().submit(name, "alltoall", _moved(x), splits=splits,
+                                        lazy=True).wait()
+    return np.asarray(out).view(np.asarray(x).dtype), np.asarray(recv, dtype=np.int32)
 
 
-def reducescatter(x: np.ndarray, op: ReduceOp, name: str) -> np.ndarray:
+def reducescatter(x: np.ndarray, op: ReduceOp, name: str, prescale: float = 1.0,
+                  postscale: float = 1.0) -> np.ndarray:
     """Reduce over ranks, keep this rank's rows (the first ranks get one extra row)."""
-    op = ReduceOp(op)
-    rop = ReduceOp.SUM if _integer_average(op, x.dtype) else op
-    out = np.asarray(_basics.engine().submit(name, "reducescatter", np.ascontiguousarray(x),
-                                             op=rop, lazy=True).wait())
-    return np.floor_divide(out, x.dtype.type(_basics.size())) if rop != op else out
+    handle, plan = _submit_reduce(_basics.engine(), "reducescatter", name,
+                                  np.ascontiguousarray(x), ReduceOp(op), prescale, postscale)
+    out = np.asarray(handle.wait())
+    return out if plan is None else plan.finish(out)
 
 
 def barrier() -> None:

@@ -5,10 +5,11 @@ mode or inside a tf.function, and carries the gradient Horovod defines:
 
   allreduce      the upstream gradient allreduced with the same op and factors
                  (Sum and Average; Min, Max and Product have none)
-  allgather      the gradient sum-allreduced, then this rank's rows
-  broadcast      the gradient sum-allreduced on the root, zeros elsewhere
+  allgather      the gradient averaged over ranks, then this rank's rows
+  broadcast      the gradient averaged over ranks on the root, zeros elsewhere
   alltoall       the gradient sent back along the received splits
-  reducescatter  the gradient allgathered, times the factors (and 1/size for Average)
+  reducescatter  the gradient allgathered, times the factors (and the world size
+                 for Sum, so Average's gradient is the gathered gradient itself)
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from collectives.errors import describe
 
 from . import _basics, _kernels, _lane_op
 from ._bridge import call, from_wire, op_name, to_wire
+from ._errors import InvalidArgument
 from .compression import Compression
 
 __all__ = ["Average", "Sum", "Min", "Max", "Product", "Adasum", "allreduce", "grouped_allreduce",
@@ -88,9 +90,10 @@ def allreduce_sparse(slices: tf.IndexedSlices, name: str, op: ReduceOp,
                          f"got {op.name.lower()}; pass sparse_as_dense=True or a dense tensor")
     values = allgather(slices.values, name=f"{name}.values")
     indices = allgather(slices.indices, name=f"{name}.indices")
-    scale = pre * post / (_basics.size() if op == Average else 1)
-    if scale != 1.0:
-        values = values * tf.cast(scale, values.dtype)
+    if op == Average:  # a true division, as Horovod's: integer values come back as floats
+        values = values / tf.cast(_basics.size(), values.dtype)
+    if pre * post != 1.0:
+        values = values * tf.cast(pre * post, values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
@@ -167,7 +170,7 @@ def allgather(tensor, name: Optional[str] = None):
 
 def _allgather_grad(dy, x, name: str):
     def kernel(g, rows):
-        total = _kernels.allreduce_group([g], [f"{name}.grad"], Sum)[0]
+        total = _kernels.allreduce_group([g], [f"{name}.grad"], Average)[0]
         counts = _kernels.allgather(np.array([rows], np.int64), f"{name}.grad.rows")
         start = int(counts[:_basics.rank()].sum())
         return [total[start:start + int(rows)]]
@@ -189,7 +192,7 @@ def broadcast(tensor, root_rank: int = 0, name: Optional[str] = None):
 
         def grad(dy):
             def kernel(g):
-                total = _kernels.allreduce_group([g], [f"{name}.grad"], Sum)[0]
+                total = _kernels.allreduce_group([g], [f"{name}.grad"], Average)[0]
                 return [total if _basics.rank() == root else np.zeros_like(total)]
 
             w = to_wire(dy)
@@ -213,7 +216,7 @@ def alltoall(tensor, splits=None, name: Optional[str] = None):
     """Rows splits[j] of `tensor` go to rank j (equal blocks without splits).
 
     Returns:
-        (received rows, received splits) -- the splits as an int32 tensor.
+        The received rows; with `splits`, (received rows, received splits as int32).
     """
     tensor = _as_rows(tensor)
     name = op_name("alltoall", tensor, name)
@@ -230,7 +233,8 @@ def alltoall(tensor, splits=None, name: Optional[str] = None):
 
         return (y, recv), grad
 
-    return fwd(tensor)
+    out, recv = fwd(tensor)
+    return out if splits is None else (out, recv)
 
 
 def _alltoall_raw(x, splits, name):
@@ -259,26 +263,26 @@ def reducescatter(tensor, device_dense: str = "", compression=Compression.none, 
     op = resolve_op(op, None, "reducescatter")
     if op not in (Sum, Average, Min, Max, Product):
         raise ValueError(f"reducescatter: unknown op {op!r}")
-    tensor = _as_rows(tensor)
+    tensor = tf.convert_to_tensor(tensor)
+    if tensor.shape.rank == 0:
+        raise InvalidArgument(None, None, f"reducescatter: a 0-d tensor has no rows to scatter "
+                              f"(rank {_basics.rank()}/{_basics.size()}); pass at least 1-d")
     name = op_name("reducescatter", tensor, name)
     pre, post = float(prescale_factor), float(postscale_factor)
 
     @tf.custom_gradient
     def fwd(x):
         w, ctx = compression.compress(to_wire(x))
-        if pre != 1.0:
-            w = w * tf.cast(pre, w.dtype)
         shape = tf.TensorShape([_my_rows(x.shape[0])]).concatenate(x.shape[1:])
-        y = call(lambda a: [_kernels.reducescatter(a, op, name)], [w], [w.dtype], [shape], name)[0]
-        if post != 1.0:
-            y = y * tf.cast(post, y.dtype)
+        y = call(lambda a: [_kernels.reducescatter(a, op, name, pre, post)], [w], [w.dtype],
+                 [shape], name)[0]
         y = from_wire(compression.decompress(y, ctx), x.dtype)
 
         def grad(dy):
             if op not in (Sum, Average):
                 raise NotImplementedError(f"reducescatter '{name}': no gradient for {op.name.lower()}")
             g = allgather(dy, name=f"{name}.grad")
-            scale = pre * post / (_basics.size() if op == Average else 1)
+            scale = pre * post * (_basics.size() if op == Sum else 1)
             g = g if scale == 1.0 else g * tf.cast(scale, g.dtype)
             g.set_shape(x.shape)
             return g

@@ -1,0 +1,170 @@
+"""Checks that horovod_spark.tensorflow computes what Horovod's TensorFlow API
+computes, run in every rank of one launch (see test_tf_parity.py): alltoall's
+result, integer Average and scale factors, dtypes, reducescatter's refusal,
+IndexedSlices of integers and the error types a script catches.
+
+Every rank builds every rank's input, so each result is checked against numpy.
+"""
+from __future__ import annotations
+
+import os
+import traceback
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+CHECKS = {}
+
+
+def check(fn):
+    CHECKS[fn.__name__] = fn
+    return fn
+
+
+def ints(r: int, n: int = 6, dtype=np.int32) -> np.ndarray:
+    """Rank r's integers, both signs."""
+    return (np.arange(n) * 3 - 7 + 5 * r).astype(dtype)
+
+
+def my_rows(total: int, rank: int, size: int) -> slice:
+    base, rem = divmod(total, size)
+    start = rank * base + min(rank, rem)
+    return slice(start, start + base + (1 if rank < rem else 0))
+
+
+def _setup():
+    import tensorflow as tf
+    import horovod_spark.tensorflow as hvd
+
+    hvd.init()
+    return tf, hvd, hvd.rank(), hvd.size()
+
+
+@check
+def alltoall_without_splits_returns_the_tensor():
+    tf, hvd, r, n = _setup()
+    x = tf.constant(np.arange(2 * n) + 100 * r)
+    want = [100 * q + 2 * r + k for q in range(n) for k in range(2)]
+    out = hvd.alltoall(x)
+    assert isinstance(out, tf.Tensor) and out.numpy().tolist() == want, out
+    traced = tf.function(lambda t: hvd.alltoall(t, name="parity.a2a.traced"))(x)
+    assert isinstance(traced, tf.Tensor) and traced.numpy().tolist() == want, traced
+    out, recv = hvd.alltoall(x, splits=[2] * n)
+    assert recv.dtype == tf.int32 and recv.numpy().tolist() == [2] * n
+
+
+@check
+def integer_average_and_scale_factors_are_horovods():
+    tf, hvd, r, n = _setup()
+    every = np.stack([ints(q) for q in range(n)]).astype(np.float64)
+    got = hvd.allreduce(tf.constant(ints(r)))
+    assert got.dtype == tf.int32 and got.numpy().tolist() == np.trunc(every.sum(0) / n).tolist()
+    for op, div in ((hvd.Sum, 1), (hvd.Average, n)):
+        got = hvd.allreduce(tf.constant(ints(r)), op=op, prescale_factor=2.5, postscale_factor=0.5)
+        want = np.trunc(np.trunc(every * 2.5).sum(0) * (0.5 / div))
+        assert got.numpy().tolist() == want.tolist(), (op, got, want)
+    rows = my_rows(2 * n + 1, r, n)
+    big = np.stack([ints(q, 2 * n + 1) for q in range(n)]).astype(np.float64)
+    for op, div in ((hvd.Sum, 1), (hvd.Average, n)):  # never silently zeros
+        got = hvd.reducescatter(tf.constant(ints(r, 2 * n + 1)), op=op, prescale_factor=3.0,
+                                postscale_factor=0.5)
+        want = np.trunc(np.trunc(big * 3.0).sum(0) * (0.5 / div))[rows]
+        assert got.dtype == tf.int32 and got.numpy().tolist() == want.tolist(), (op, got, want)
+
+
+@check
+def uint16_moves_and_uint8_alltoall_takes_any_splits():
+    tf, hvd, r, n = _setup()
+    x = tf.constant(np.array([60000 + r, 7], np.uint16))
+    got = hvd.allgather(x)
+    assert got.dtype == tf.uint16 and got.numpy().tolist() == [v for q in range(n)
+                                                              for v in (60000 + q, 7)]
+    assert hvd.broadcast(x, n - 1).numpy().tolist() == [60000 + n - 1, 7]
+    a = tf.constant(np.full(2 * n, 65000 + r, np.uint16))
+    assert hvd.alltoall(a).numpy().tolist() == [65000 + q for q in range(n) for _ in range(2)]
+    u = tf.constant(np.arange(3 * n, dtype=np.uint8) + r)
+    out, recv = hvd.alltoall(u, splits=[3] * n)
+    assert out.dtype == tf.uint8 and recv.numpy().tolist() == [3] * n
+    assert out.numpy().tolist() == [3 * r + k + q for q in range(n) for k in range(3)], out
+    empty = tf.zeros([0, 2], tf.uint8)
+    out, recv = hvd.alltoall(empty, splits=[0] * n)
+    assert out.shape == (0, 2) and recv.numpy().tolist() == [0] * n
+    assert hvd.alltoall(empty).shape == (0, 2)
+
+
+@check
+def reducescatter_refuses_a_scalar():
+    tf, hvd, r, n = _setup()
+    try:
+        hvd.reducescatter(tf.constant(1.0))
+    except tf.errors.InvalidArgumentError as exc:
+        assert isinstance(exc, ValueError) and "0-d" in str(exc), exc
+    else:
+        raise AssertionError("a 0-d reducescatter did not raise")
+
+
+@check
+def indexed_slices_of_integers_average_as_horovod():
+    tf, hvd, r, n = _setup()
+    s = tf.IndexedSlices(tf.constant([[r + 1, -3]], tf.int32), tf.constant([r], tf.int64),
+                         dense_shape=tf.constant([n, 2], tf.int64))
+    got = hvd.allreduce(s)  # values / size, a true division: floats, as Horovod's
+    want = np.array([[q + 1, -3] for q in range(n)], np.float64) / n
+    np.testing.assert_allclose(got.values.numpy(), want)
+    assert got.indices.numpy().tolist() == list(range(n))
+    summed = hvd.allreduce(s, op=hvd.Sum)
+    assert summed.values.dtype == tf.int32
+
+
+@check
+def gradients_of_allgather_broadcast_and_reducescatter_are_horovods():
+    tf, hvd, r, n = _setup()
+    x = tf.Variable(tf.ones([2 * n, 2]))
+    with tf.GradientTape(persistent=True) as tape:
+        ls = tf.reduce_sum(hvd.reducescatter(x, op=hvd.Sum) * (r + 1.0))
+        la = tf.reduce_sum(hvd.reducescatter(x, op=hvd.Average) * (r + 1.0))
+        lg = tf.reduce_sum(hvd.allgather(x) * (r + 1.0))
+        lb = tf.reduce_sum(hvd.broadcast(x, 0) * (r + 1.0))
+    per_row = np.repeat([q + 1.0 for q in range(n)], 2)[:, None] * np.ones((1, 2))
+    np.testing.assert_allclose(tape.gradient(ls, x).numpy(), n * per_row)
+    np.testing.assert_allclose(tape.gradient(la, x).numpy(), per_row)
+    mean = sum(q + 1.0 for q in range(n)) / n
+    np.testing.assert_allclose(tape.gradient(lg, x).numpy(), np.full((2 * n, 2), mean))
+    np.testing.assert_allclose(tape.gradient(lb, x).numpy(),
+                               np.full((2 * n, 2), mean if r == 0 else 0.0))
+
+
+@check
+def errors_are_the_types_horovod_scripts_catch():
+    tf, hvd, r, n = _setup()
+    cases = [(tf.errors.FailedPreconditionError,
+              lambda: hvd.allreduce(tf.ones([2 + r]), name="parity.shape")),
+             (tf.errors.FailedPreconditionError,
+              lambda: hvd.allgather(tf.ones([2], tf.float32 if r else tf.float64),
+                                    name="parity.dtype")),
+             (tf.errors.InvalidArgumentError,
+              lambda: hvd.alltoall(tf.ones([n + 1]), splits=[1] * n)),
+             (tf.errors.InvalidArgumentError, lambda: hvd.alltoall(tf.ones([n + 1])))]
+    for kind, call in cases:
+        try:
+            call()
+        except kind as exc:
+            assert str(exc), kind
+        else:
+            raise AssertionError(f"{call} did not raise {kind.__name__}")
+    hvd.barrier()
+
+
+def run_all(names=None) -> dict:
+    """Run the checks (all, or those named); {name: "ok" or the traceback}."""
+    results = {}
+    for name, fn in CHECKS.items():
+        if names is not None and name not in names:
+            continue
+        try:
+            fn()
+            results[name] = "ok"
+        except Exception:
+            results[name] = traceback.format_exc()
+    return results
