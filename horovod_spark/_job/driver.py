@@ -64,6 +64,11 @@ class JobFailedError(RuntimeError):
         self.attempt, self.attempts = attempt, attempts
         super().__init__(self._text())
 
+    def __reduce__(self):
+        # the record is already restored and filtered: rebuild from it, so a run() called in
+        # a subprocess or a worker pool hands its caller this error, not an unpickling one
+        return type(self), (self.record, self.attempt, self.attempts)
+
     @property
     def signal(self) -> Optional[str]:
         """The name of the signal that killed the rank, if one did."""
