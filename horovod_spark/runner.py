@@ -41,9 +41,28 @@ def _job_timeout(value: Optional[float]) -> Optional[float]:
 
 
 def _env_items(env: Optional[Mapping[str, str]]):
+    """The job's extra environment, refused here when a name or value could not be set."""
     if env is not None and not isinstance(env, Mapping):
         raise TypeError(f"env must be a mapping of variable names to values, got {type(env).__name__}")
-    return tuple((str(k), str(v)) for k, v in (env or {}).items())
+    items = []
+    for name, value in (env or {}).items():
+        if not isinstance(name, str) or not name or "=" in name or "\0" in name:
+            raise ValueError(f"env: {name!r} is not an environment variable name (a non-empty "
+                             "string without '=' or NUL)")
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise TypeError(f"env[{name!r}] is {type(value).__name__} {value!r}: values must be "
+                            "strings (or numbers); leave the name out to leave it unset")
+        if "\0" in str(value):
+            raise ValueError(f"env[{name!r}] holds a NUL character, which no environment can")
+        items.append((name, str(value)))
+    return tuple(items)
+
+
+def _positional(args) -> tuple:
+    if isinstance(args, (str, bytes)) or not isinstance(args, (tuple, list)):
+        raise TypeError(f"run: args must be a tuple or list of positional arguments for fn, got "
+                        f"{type(args).__name__} {args!r:.60}; for one argument write args=(x,)")
+    return tuple(args)
 
 
 def _launch(fn, args, kwargs, opts: JobOptions) -> list:
@@ -115,6 +134,7 @@ def run(fn: Callable[..., Any], args: Sequence = (), kwargs: Optional[Mapping[st
         JobFailedError: naming the first failing rank, its error and traceback.
         ValueError: for a cluster that cannot run the job (what to change is in the text).
     """
+    args = _positional(args)
     if kwargs is not None and not isinstance(kwargs, Mapping):
         raise TypeError(f"run: kwargs must be a mapping of keyword arguments for fn, got "
                         f"{type(kwargs).__name__}; pass args=(...) for positional arguments")

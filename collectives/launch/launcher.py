@@ -97,6 +97,9 @@ def run_local(fn, np: int, args: Sequence = (), kwargs: Optional[dict] = None,
     grace = finish_grace(env)
     if not callable(fn):
         raise TypeError(f"run_local needs a callable, got {type(fn).__name__}")
+    if isinstance(args, (str, bytes)) or not isinstance(args, (tuple, list)):
+        raise TypeError(f"run_local: args must be a tuple or list of positional arguments, got "
+                        f"{type(args).__name__} {args!r:.60}; for one argument write args=(x,)")
     try:
         blob = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
     except Exception as exc:

@@ -107,6 +107,7 @@ class DistributedEstimator(Estimator, EstimatorParams):
             use_gpu=values["use_gpu"], verbose=values["verbose"], store=store,
             run_id=values["run_id"] or f"run-{uuid.uuid4().hex[:12]}",
             has_validation=bool(validation), specs=tuple(specs))
+        store.check_writable(train.run_id)  # before any data moves or any epoch runs
         fraction = validation if isinstance(validation, float) else 0.0
         return BarrierJob(specs=tuple(specs), validation_fraction=fraction, train=train,
                           train_fn=type(self)._train_fn)

@@ -103,6 +103,21 @@ class Store:
             return None
         return epochs[-1], self.read_bytes(self.checkpoint_path(run_id, epochs[-1]))
 
+    def check_writable(self, run_id: str) -> None:
+        """Write and remove a probe file where `run_id`'s checkpoints go, before training.
+
+        Raises:
+            ValueError: naming the store and the error, so no epoch is spent first.
+        """
+        probe = self.join(self.run_path(run_id), ".write-probe")
+        try:
+            self.write_bytes(probe, b"probe")
+            self.remove(probe)
+        except Exception as exc:
+            raise ValueError(f"the store {self!r} cannot be written ({type(exc).__name__}: "
+                             f"{exc}); pass store= a path the driver and every executor can "
+                             "write") from None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.prefix_path!r})"
 

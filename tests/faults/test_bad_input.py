@@ -63,15 +63,77 @@ LAUNCH_ERRORS = [
      ValueError, "max_restarts must be an int >= 0"),
     ("run, env a list", lambda: horovod_spark.run(train, num_proc=-2, env=[("a", "b")]),
      TypeError, "env must be a mapping"),
+    ("run, args a string", lambda: horovod_spark.run(train, args="abc", num_proc=-2),
+     TypeError, "args must be a tuple or list of positional arguments for fn, got str 'abc'"),
+    ("run, args an int", lambda: horovod_spark.run(train, args=5, num_proc=-2),
+     TypeError, "args must be a tuple or list .* got int 5; for one argument write args=(x,)"),
+    ("run_local, args a string", lambda: run_local(train, 2, args="abc"),
+     TypeError, "args must be a tuple or list"),
+    ("run, an env value of None", lambda: horovod_spark.run(train, num_proc=-2, env={"X": None}),
+     TypeError, "env['X'] is NoneType None: values must be strings"),
+    ("run, an env name with =", lambda: horovod_spark.run(train, num_proc=-2, env={"A=B": "1"}),
+     ValueError, "'A=B' is not an environment variable name"),
+    ("run, an env name with NUL", lambda: horovod_spark.run(train, num_proc=-2, env={"A\0": "1"}),
+     ValueError, "is not an environment variable name"),
+    ("run, an env value with NUL", lambda: horovod_spark.run(train, num_proc=-2, env={"A": "x\0"}),
+     ValueError, "env['A'] holds a NUL character"),
 ]
 
 
 @pytest.mark.parametrize("what,call,error,text", LAUNCH_ERRORS, ids=[c[0] for c in LAUNCH_ERRORS])
 def test_a_launcher_refuses_bad_input_before_any_rank_starts(what, call, error, text):
     before = _children()
-    with pytest.raises(error, match=text.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(error, match=text.replace("(", r"\(").replace(")", r"\)")
+                       .replace("[", r"\[").replace("]", r"\]")):
         call()
     assert _no_new_children(before), f"{what}: a process was started"
+
+
+def test_the_cli_refuses_a_missing_script_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "horovod_spark.cli", "run", "--np", "2",
+                           "missing.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done
+    assert done.stderr.strip().splitlines() == [
+        f"horovod-spark run: no such script: missing.py (from {tmp_path})"], done.stderr
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_an_estimator_whose_store_cannot_be_written_is_refused_before_training(spark, tmp_path):
+    from horovod_spark.estimator import LocalStore, TorchEstimator
+
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the store's directory would go")
+    net = torch.nn.Linear(2, 1)
+    est = TorchEstimator(num_proc=2, model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+                         loss=torch.nn.MSELoss(), feature_cols=["x"], label_cols=["y"],
+                         store=LocalStore(str(blocked / "store")), epochs=1, verbose=0)
+    df = spark.createDataFrame([([1.0, 2.0], 3.0)] * 8, ["x", "y"])
+    ranks = []
+
+    def watch_for_ranks():  # a rank process is the worker module, whoever its parent is
+        while not done.is_set():
+            for p in psutil.Process().children(recursive=True):
+                try:
+                    if "collectives.launch.worker" in " ".join(p.cmdline()):
+                        ranks.append(p.pid)
+                except psutil.Error:
+                    pass
+            done.wait(0.05)
+
+    done = threading.Event()
+    watcher = threading.Thread(target=watch_for_ranks, daemon=True)
+    watcher.start()
+    try:
+        with pytest.raises(ValueError, match=r"the store LocalStore\(.*\) cannot be written"):
+            est.fit(df)
+    finally:
+        done.set()
+        watcher.join()
+    assert not ranks, "a rank process was started"
 
 
 KWARGS_LIST = ("run(kwargs=[1]) fails inside dict() with \"cannot convert dictionary update "
