@@ -16,19 +16,25 @@ from typing import Optional
 import numpy as np
 
 from ..tensorflow import (Adasum, Average, Compression, Max, Min, Product, Sum, allgather_object,
-                          barrier, broadcast_object, broadcast_variables, cross_rank, cross_size,
-                          init, is_homogeneous, is_initialized, join, local_rank, local_size, rank,
-                          shutdown, size, start_timeline, stop_timeline)
+                          barrier, broadcast_global_variables, broadcast_object,
+                          broadcast_variables, ccl_built, cross_rank, cross_size, cuda_built,
+                          ddl_built, gloo_built, gloo_enabled, init, is_homogeneous,
+                          is_initialized, join, local_rank, local_size, mpi_built, mpi_enabled,
+                          mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size,
+                          start_timeline, stop_timeline)
 from ..tensorflow import mpi_ops as _ops
 from . import callbacks
-from .optimizer import DistributedOptimizer, make_distributed
+from .optimizer import DistributedOptimizer, PartialDistributedOptimizer, make_distributed
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "is_homogeneous", "start_timeline", "stop_timeline", "Average", "Sum", "Min", "Max", "Product", "Adasum",
     "allreduce", "allgather", "broadcast", "reducescatter", "broadcast_object",
     "allgather_object", "broadcast_variables", "join", "barrier", "Compression",
-    "DistributedOptimizer", "load_model", "callbacks",
+    "DistributedOptimizer", "PartialDistributedOptimizer", "load_model", "callbacks",
+    "broadcast_global_variables", "mpi_threads_supported", "mpi_enabled", "mpi_built",
+    "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
+    "rocm_built",
 ]
 
 

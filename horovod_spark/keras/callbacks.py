@@ -24,7 +24,7 @@ from ..tensorflow.functions import broadcast_variables
 from ..tensorflow.mpi_ops import Average
 
 __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
-           "LearningRateScheduleCallback", "LearningRateWarmupCallback"]
+           "LearningRateScheduleCallback", "LearningRateWarmupCallback", "BestModelCheckpoint"]
 
 
 def _is_seed_state(v) -> bool:
@@ -41,17 +41,21 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     there at the start goes after the first batch, as in Horovod.  The state
     of random layers (Keras 3 seed generators: dropout, noise) stays per rank,
     so ranks keep drawing different dropout masks, as they do under Horovod.
+    `local_variables` (those of a PartialDistributedOptimizer's local layers) stay
+    as each rank has them.
     """
 
-    def __init__(self, root_rank: int = 0, device: str = "") -> None:
+    def __init__(self, root_rank: int = 0, device: str = "", local_variables=None) -> None:
         super().__init__()
         self.root_rank = int(root_rank)
+        self._local = {id(v) for v in (local_variables or [])}
         self._model_done = False
         self._optimizer_done = False
 
     def _broadcast(self) -> None:
         if not self._model_done and self.model.built and self.model.variables:
-            broadcast_variables([v for v in self.model.variables if not _is_seed_state(v)],
+            broadcast_variables([v for v in self.model.variables
+                                 if not _is_seed_state(v) and id(v) not in self._local],
                                 self.root_rank)
             self._model_done = True
         opt = getattr(self.model, "optimizer", None)
@@ -197,3 +201,13 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         if epoch == self.warmup_epochs - 1 and self.verbose and _basics.rank() == 0:
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
                   f"{_get_lr(self.model.optimizer):g}.")
+
+
+class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """ModelCheckpoint that keeps only the best model by `monitor` (Horovod's estimator
+    callback); `filepath` may be set on the instance before fit()."""
+
+    def __init__(self, monitor: str = "val_loss", verbose: int = 0, mode: str = "auto",
+                 save_freq="epoch", filepath: str = "best_model.keras") -> None:
+        super().__init__(filepath=filepath, monitor=monitor, verbose=verbose, save_best_only=True,
+                         save_weights_only=False, mode=mode, save_freq=save_freq)

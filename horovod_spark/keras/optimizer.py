@@ -24,7 +24,7 @@ from ..tensorflow.compression import Compression
 from ..tensorflow.mpi_ops import Average
 from ._aggregation import LocalAggregator
 
-__all__ = ["DistributedOptimizer", "make_distributed"]
+__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "make_distributed"]
 
 
 class _HvdState:
@@ -124,3 +124,25 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, device_dense: st
     return make_distributed(fresh, compression, sparse_as_dense, backward_passes_per_step, op,
                             gradient_predivide_factor, average_aggregated_gradients, num_groups,
                             groups)
+
+
+def PartialDistributedOptimizer(optimizer, name: Optional[str] = None, device_dense: str = "",
+                                device_sparse: str = "", compression=Compression.none,
+                                sparse_as_dense: bool = False,
+                                gradient_predivide_factor: float = 1.0, op=Average,
+                                backward_passes_per_step: int = 1,
+                                average_aggregated_gradients: bool = False, groups=None,
+                                local_layers=None, scale_local_gradients: bool = True):
+    """DistributedOptimizer whose `local_layers`' gradients stay on each rank (divided by
+    the world size unless scale_local_gradients=False), as Horovod's."""
+    from ..tensorflow.gradient_tape import local_variables_of
+
+    local = local_variables_of(local_layers)
+    opt = DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression,
+                               sparse_as_dense, gradient_predivide_factor, op,
+                               backward_passes_per_step, average_aggregated_gradients,
+                               groups=groups)
+    for v in local:
+        opt._hvd.reducer.register_local(v)
+    opt._hvd.reducer.scale_local = bool(scale_local_gradients)
+    return opt

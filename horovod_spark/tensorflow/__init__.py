@@ -21,9 +21,10 @@ from ._basics import (cross_rank, cross_size, init, is_homogeneous, is_initializ
 from ._compat import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built,
                       mpi_enabled, mpi_threads_supported, nccl_built, rocm_built)
 from .compression import Compression
-from .functions import (allgather_object, broadcast_global_variables, broadcast_object,
-                        broadcast_variables)
-from .gradient_tape import DistributedGradientTape
+from .functions import (allgather_object, broadcast_, broadcast_global_variables,
+                        broadcast_object, broadcast_object_fn, broadcast_variables)
+from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
+from .grouped_ops import grouped_allgather, grouped_reducescatter
 from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allreduce, alltoall,
                       barrier, broadcast, grouped_allreduce, join, local_rank_op, local_size_op,
                       rank_op, reducescatter, size_op)
@@ -37,6 +38,8 @@ __all__ = [
     "barrier", "join", "size_op", "rank_op", "local_size_op", "local_rank_op",
     "broadcast_variables", "broadcast_global_variables", "broadcast_object", "allgather_object",
     "Compression", "DistributedGradientTape", "DistributedOptimizer",
+    "grouped_allgather", "grouped_reducescatter", "broadcast_", "broadcast_object_fn",
+    "PartialDistributedGradientTape",
     "HorovodInternalError", "CollectiveError", "CollectiveTimeout", "MismatchError",
     "NotSupported", "PeerLostError", "InvalidArgument",
 ]

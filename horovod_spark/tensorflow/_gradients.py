@@ -6,7 +6,9 @@ which every rank derives the same way.  Dense gradients travel as *groups*: by
 default all of them as one fused op; `groups` (Horovod's argument) splits them
 into several.  tf.IndexedSlices are allgathered, or densified first with
 `sparse_as_dense`.  `gradient_predivide_factor` f splits Average's 1/size into
-a prescale of 1/f and a postscale of f/size.
+a prescale of 1/f and a postscale of f/size.  Gradients of *local* variables
+(registered by the Partial* wrappers) are not reduced: each rank keeps its own,
+divided by the world size unless told otherwise, as Horovod's are.
 """
 from __future__ import annotations
 
@@ -47,6 +49,20 @@ class GradientReducer:
         if isinstance(groups, int) and groups < 0:
             raise ValueError(f"{prefix}: groups must be >= 0, got {groups}")
         self.groups = groups
+        self._local: dict = {}  # id -> variable (held, so the id stays its own)
+        self.scale_local = True
+
+    def register_local(self, variable) -> None:
+        """Keep `variable`'s gradient on this rank (not reduced)."""
+        self._local[id(variable)] = variable
+
+    def _local_grad(self, g):
+        if not self.scale_local:
+            return g
+        n = _basics.size()
+        if isinstance(g, tf.IndexedSlices):
+            return tf.IndexedSlices(g.values / tf.cast(n, g.values.dtype), g.indices, g.dense_shape)
+        return g / tf.cast(n, g.dtype)
 
     def _scaling(self):
         if self.op == Average and self.predivide != 1.0:
@@ -78,6 +94,9 @@ class GradientReducer:
         dense = []
         for i, g in enumerate(grads):
             if g is None:
+                continue
+            if self._local and variables is not None and id(variables[i]) in self._local:
+                out[i] = self._local_grad(g)
                 continue
             if isinstance(g, tf.IndexedSlices) and not self.sparse_as_dense:
                 out[i] = allreduce_sparse(g, labels[i], op, pre, post)

@@ -27,6 +27,7 @@ from collectives import ReduceOp
 from . import _basics
 
 __all__ = ["allreduce_group", "broadcast_group", "allgather", "alltoall", "reducescatter",
+           "allgather_group", "reducescatter_group",
            "barrier", "join", "broadcast_object", "allgather_object"]
 
 
@@ -118,6 +119,23 @@ def alltoall(x: np.ndarray, splits: Optional[Sequence[int]], name: str):
     out, recv = _basics.engine().submit(name, "alltoall", _moved(x), splits=splits,
                                         lazy=True).wait()
     return np.asarray(out).view(np.asarray(x).dtype), np.asarray(recv, dtype=np.int32)
+
+
+def allgather_group(arrays: Sequence[np.ndarray], names: Sequence[str]) -> list:
+    """allgather of every array, submitted together (fused) and waited for together."""
+    eng = _basics.engine()
+    handles = [eng.submit(n, "allgather", _moved(a), lazy=True) for a, n in zip(arrays, names)]
+    return [np.asarray(h.wait()).view(np.asarray(a).dtype) for h, a in zip(handles, arrays)]
+
+
+def reducescatter_group(arrays: Sequence[np.ndarray], names: Sequence[str], op: ReduceOp,
+                        prescale: float = 1.0, postscale: float = 1.0) -> list:
+    """reducescatter of every array, submitted together and waited for together."""
+    eng = _basics.engine()
+    pending = [_submit_reduce(eng, "reducescatter", n, np.ascontiguousarray(a), ReduceOp(op),
+                              prescale, postscale) for a, n in zip(arrays, names)]
+    outs = [(np.asarray(h.wait()), plan) for h, plan in pending]
+    return [o if plan is None else plan.finish(o) for o, plan in outs]
 
 
 def reducescatter(x: np.ndarray, op: ReduceOp, name: str, prescale: float = 1.0,

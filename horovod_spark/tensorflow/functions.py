@@ -9,7 +9,8 @@ from . import _kernels
 from .mpi_ops import broadcast_raw
 
 __all__ = ["broadcast_variables", "broadcast_global_variables", "broadcast_object",
-           "allgather_object"]
+           "broadcast_object_fn", "allgather_object", "broadcast_"]
+
 
 def _var_label(i: int, v) -> str:
     return f"broadcast_variables.{i}.{getattr(v, 'path', None) or getattr(v, 'name', 'var')}"
@@ -30,6 +31,23 @@ def broadcast_variables(variables, root_rank: int = 0):
     return None if tf.executing_eagerly() else tf.group(*assigns)
 
 
+def broadcast_(variables, root_rank: int = 0, name: Optional[str] = None) -> list:
+    """Overwrite `variables` with root_rank's values, in place (one fused broadcast).
+
+    Returns:
+        The variables' new values.
+    """
+    variables = list(variables)
+    if not variables:
+        return []
+    labels = [f"{name}.{i}" if name else _var_label(i, v) for i, v in enumerate(variables)]
+    new = broadcast_raw([tf.convert_to_tensor(v) for v in variables], labels, int(root_rank))
+    for v, n in zip(variables, new):
+        v.assign(n)
+    return [v.read_value() if hasattr(v, "read_value") else tf.convert_to_tensor(v)
+            for v in variables]
+
+
 def broadcast_global_variables(root_rank: int = 0):
     """TensorFlow 1's graph collections do not exist in eager TensorFlow 2."""
     raise RuntimeError("broadcast_global_variables() needs TF1 graph collections; use "
@@ -40,6 +58,13 @@ def broadcast_global_variables(root_rank: int = 0):
 def broadcast_object(obj, root_rank: int = 0, session=None, name: Optional[str] = None):
     """root_rank's Python object on every rank (cloudpickle; eager mode)."""
     return _kernels.broadcast_object(obj, int(root_rank), name or "broadcast_object")
+
+
+def broadcast_object_fn(root_rank: int = 0, session=None, name: Optional[str] = None):
+    """A function that broadcasts its argument from root_rank (Horovod's TF1 helper; eager here)."""
+    def fn(obj):
+        return broadcast_object(obj, root_rank, name=name)
+    return fn
 
 
 def allgather_object(obj, session=None, name: Optional[str] = None) -> list:

@@ -14,11 +14,15 @@ from ._gradients import GradientReducer
 from .compression import Compression
 from .mpi_ops import Average
 
-__all__ = ["DistributedGradientTape"]
+__all__ = ["DistributedGradientTape", "PartialDistributedGradientTape"]
 
 
 class _DistributedMixin:
     _hvd_reducer: GradientReducer
+
+    def register_local_source(self, source) -> None:
+        """Keep `source`'s gradient on this rank: not reduced (scaled by 1/size by default)."""
+        self._hvd_reducer.register_local(source)
 
     def gradient(self, target, sources, output_gradients=None, **kwargs):
         grads = super().gradient(target, sources, output_gradients, **kwargs)
@@ -34,7 +38,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
                             device_sparse: str = "", compression=Compression.none,
                             sparse_as_dense: bool = False, op=Average,
                             gradient_predivide_factor: float = 1.0, num_groups: int = 0,
-                            groups=None) -> tf.GradientTape:
+                            groups=None, scale_local_gradients: bool = True) -> tf.GradientTape:
     """A tape that averages (op) its gradients over every rank.
 
     Args:
@@ -44,6 +48,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
         op: Average or Sum.
         gradient_predivide_factor: divide by this before the sum and by size/this after.
         num_groups, groups: split the fused gradient allreduce into several (Horovod's rules).
+        scale_local_gradients: divide the gradients of local sources by the world size.
     """
     if not isinstance(gradtape, tf.GradientTape):
         raise TypeError(f"DistributedGradientTape wraps a tf.GradientTape, got {type(gradtape).__name__}")
@@ -55,4 +60,35 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     tape.__dict__.update(gradtape.__dict__)
     tape._hvd_reducer = GradientReducer("DistributedGradientTape", compression, sparse_as_dense,
                                         op, gradient_predivide_factor, num_groups, groups)
+    tape._hvd_reducer.scale_local = bool(scale_local_gradients)
+    return tape
+
+
+def local_variables_of(local_layers) -> list:
+    """The trainable variables of a layer or a collection of layers (Horovod's local_layers)."""
+    import keras
+
+    if local_layers is None:
+        return []
+    if isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    local_layers = list(local_layers)
+    bad = [type(x).__name__ for x in local_layers if not isinstance(x, keras.layers.Layer)]
+    if bad:
+        raise ValueError(f"local_layers takes Keras layers, got {', '.join(bad)}")
+    return [v for layer in local_layers for v in layer.trainable_weights]
+
+
+def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
+                                   device_sparse: str = "", compression=Compression.none,
+                                   sparse_as_dense: bool = False, op=Average,
+                                   gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                                   groups=None, local_layers=None,
+                                   scale_local_gradients: bool = True) -> tf.GradientTape:
+    """DistributedGradientTape whose `local_layers`' gradients stay on each rank."""
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
+                                   sparse_as_dense, op, gradient_predivide_factor, num_groups,
+                                   groups, scale_local_gradients)
+    for v in local_variables_of(local_layers):
+        tape.register_local_source(v)
     return tape

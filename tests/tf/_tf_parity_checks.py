@@ -156,6 +156,98 @@ def errors_are_the_types_horovod_scripts_catch():
     hvd.barrier()
 
 
+@check
+def grouped_allgather_and_reducescatter_match_numpy():
+    tf, hvd, r, n = _setup()
+    a, b = tf.fill([r + 1, 2], float(r)), tf.constant(np.arange(3) + 10 * r)
+    ga, gb = hvd.grouped_allgather([a, b], name="parity.gag")
+    assert ga[:, 0].numpy().tolist() == [float(q) for q in range(n) for _ in range(q + 1)]
+    assert gb.numpy().tolist() == [10 * q + i for q in range(n) for i in range(3)]
+    rows = my_rows(2 * n + 1, r, n)
+    xs = [ints(r, 2 * n + 1).astype(np.float64), ints(r, 2 * n + 1)]
+    outs = hvd.grouped_reducescatter([tf.constant(x) for x in xs], op=hvd.Average)
+    every = np.stack([ints(q, 2 * n + 1) for q in range(n)]).astype(np.float64)
+    np.testing.assert_allclose(outs[0].numpy(), (every.sum(0) / n)[rows])
+    assert outs[1].numpy().tolist() == np.trunc(every.sum(0) / n)[rows].tolist()
+    x = tf.Variable(tf.ones([2 * n]))
+    with tf.GradientTape() as tape:
+        (y,) = hvd.grouped_reducescatter([x], op=hvd.Sum)
+        loss = tf.reduce_sum(y)
+    np.testing.assert_allclose(tape.gradient(loss, x).numpy(), np.full(2 * n, float(n)))
+
+
+@check
+def broadcast_in_place_and_object_fn_use_the_roots_values():
+    tf, hvd, r, n = _setup()
+    vs = [tf.Variable([float(r)] * 3), tf.Variable(r + 10)]
+    got = hvd.broadcast_(vs, root_rank=n - 1)
+    assert vs[0].numpy().tolist() == [n - 1.0] * 3 and int(vs[1].numpy()) == n + 9
+    assert got[0].numpy().tolist() == [n - 1.0] * 3
+    fn = hvd.broadcast_object_fn(root_rank=0, name="parity.objfn")
+    assert fn({"from": r}) == {"from": 0}
+
+
+def _two_layers(tf, r):
+    import keras
+
+    shared, local = keras.layers.Dense(1, use_bias=False), keras.layers.Dense(1, use_bias=False)
+    x = tf.constant([[1.0, 2.0]])
+    shared(x), local(x)
+    shared.kernel.assign([[1.0], [1.0]])
+    local.kernel.assign([[r + 1.0], [r + 1.0]])
+    return shared, local, x
+
+
+@check
+def partial_tape_and_optimizer_keep_local_gradients():
+    tf, hvd, r, n = _setup()
+    import keras
+
+    import horovod_spark.keras as hk
+
+    shared, local, x = _two_layers(tf, r)
+    with tf.GradientTape() as tape:  # loss (r + 1) * (shared(x) + local(x))
+        loss = (r + 1.0) * tf.reduce_sum(shared(x) + local(x))
+    tape = hvd.PartialDistributedGradientTape(tape, local_layers=[local])
+    g_shared, g_local = tape.gradient(loss, [shared.kernel, local.kernel])
+    mean = sum(q + 1.0 for q in range(n)) / n
+    np.testing.assert_allclose(g_shared.numpy(), [[mean], [2 * mean]])
+    np.testing.assert_allclose(g_local.numpy(), [[(r + 1.0) / n], [2 * (r + 1.0) / n]])
+    opt = hk.PartialDistributedOptimizer(keras.optimizers.SGD(1.0), local_layers=local)
+    opt.apply([tf.constant([[r + 1.0], [r + 1.0]])] * 2, [shared.kernel, local.kernel])
+    np.testing.assert_allclose(shared.kernel.numpy(), [[1 - mean]] * 2, rtol=1e-6)
+    np.testing.assert_allclose(local.kernel.numpy(), [[(r + 1.0) * (1 - 1.0 / n)]] * 2, rtol=1e-6)
+
+
+@check
+def keras_callbacks_and_probes_have_horovods_names():
+    tf, hvd, r, n = _setup()
+    import keras
+
+    import horovod_spark.keras as hk
+
+    shared, local, x = _two_layers(tf, r)
+    shared.kernel.assign([[r * 1.0], [r * 1.0]])
+    inp = keras.Input((2,))
+    model = keras.Model(inp, shared(inp) + local(inp))
+    cb = hk.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=[local.kernel])
+    cb.set_model(model)
+    cb.on_train_begin()
+    assert shared.kernel.numpy().tolist() == [[0.0], [0.0]]  # root's
+    assert local.kernel.numpy().tolist() == [[r + 1.0], [r + 1.0]]  # each rank's own
+    best = hk.callbacks.BestModelCheckpoint(monitor="loss", filepath="unused.keras")
+    assert best.save_best_only and best.monitor == "loss"
+    for probe in ("mpi_built", "nccl_built", "gloo_built", "ddl_built", "ccl_built",
+                  "cuda_built", "rocm_built", "mpi_enabled", "gloo_enabled"):
+        assert isinstance(getattr(hk, probe)(), bool), probe
+    try:
+        hk.broadcast_global_variables(0)
+    except RuntimeError as exc:  # TF1 collections, as Horovod's refuses in eager TF2
+        assert "broadcast_variables" in str(exc), exc
+    else:
+        raise AssertionError("broadcast_global_variables did not refuse")
+
+
 def run_all(names=None) -> dict:
     """Run the checks (all, or those named); {name: "ok" or the traceback}."""
     results = {}
