@@ -1,17 +1,16 @@
 """A group of rank processes: output pumps, failure detection, cleanup.
 
-The *root cause* of a failed job is chosen after a short grace period, so a
-rank that raised or died is named rather than the peers that merely lost it:
-first a rank whose own code raised, then a rank that died without a word
-(signal, os._exit), then the earliest communication error.  Once a rank has
-returned, the others have a *finish grace* to return too; a rank still running
-after it (frozen, or running steps the others do not) fails the job by name.
+The root cause of a failed job is chosen after a short grace period, by the
+one rule of `record.root_cause`, so a rank that raised or died is named
+rather than the peers that merely lost it.  Once a rank has returned, the
+others have a *finish grace* to return too; a rank still running after it
+(frozen, or running steps the others do not) fails the job by name.
 """
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
-import re
 import signal
 import threading
 import time
@@ -20,12 +19,10 @@ from typing import Optional
 import cloudpickle
 
 from .. import settings
+from .record import Failure, RankResult, failure_text, root_cause, signal_name
 
-__all__ = ["RankFailed", "RankGroup", "failure_text", "signal_name", "finish_grace",
-           "unfinished_text", "FINISH_GRACE"]
+__all__ = ["RankFailed", "RankGroup", "finish_grace", "unfinished_text", "FINISH_GRACE"]
 
-_COMM_ERRORS = ("PeerLostError", "CollectiveTimeout")
-_PEER = re.compile(r"peer rank (\d+)")
 GRACE = 1.0
 TAIL = 20
 #: Seconds the other ranks may run on once one rank returned (HOROVOD_SPARK_FINISH_GRACE_SECONDS).
@@ -47,44 +44,40 @@ def unfinished_text(returned: int, running: list, grace: float) -> str:
             "0 waits for ever)")
 
 
-def signal_name(exitcode: Optional[int]) -> Optional[str]:
-    """The name of the signal a negative exit code stands for (SIGKILL), else None."""
-    if exitcode is None or exitcode >= 0:
-        return None
-    try:
-        return signal.Signals(-exitcode).name
-    except ValueError:
-        return str(-exitcode)
-
-
-def failure_text(headline: str, who: str, remote_traceback: str, output_tail: str) -> str:
-    """A failed rank's message: the headline, then its traceback and last output, each titled."""
-    text = headline
-    if remote_traceback:
-        text += f"\n--- traceback of {who} ---\n{remote_traceback.rstrip()}"
-    if output_tail:
-        text += f"\n--- last output of {who} ---\n{output_tail.rstrip()}"
-    return text
-
-
 class RankFailed(RuntimeError):
-    """A rank raised, exited non-zero or died; carries its remote traceback and output."""
+    """A rank raised, exited non-zero or died: its `Failure`, with traceback and output."""
 
-    def __init__(self, rank: Optional[int], exitcode: Optional[int], error_type: str, message: str,
-                 remote_traceback: str = "", output_tail: str = "", exc_blob: bytes = b"") -> None:
-        self.rank, self.exitcode = rank, exitcode
-        self.error_type, self.message = error_type, message
-        self.remote_traceback, self.output_tail, self.exc_blob = remote_traceback, output_tail, exc_blob
-        super().__init__(self._text())
+    def __init__(self, failure: Failure, extra: str = "") -> None:
+        self.failure = failure
+        super().__init__(self._text() + (f"\n{extra}" if extra else ""))
+
+    def __reduce__(self):
+        return (type(self), (self.failure,))
+
+    rank = property(lambda self: self.failure.rank)
+    exitcode = property(lambda self: self.failure.exitcode)
+    error_type = property(lambda self: self.failure.error_type)
+    message = property(lambda self: self.failure.message)
+    remote_traceback = property(lambda self: self.failure.traceback)
+    output_tail = property(lambda self: "\n".join(self.failure.tail))
+    exc_blob = property(lambda self: self.failure.exc_blob)
+
+    def _who(self) -> str:
+        f = self.failure
+        who = "job" if f.rank is None else f"rank {f.rank}"
+        return who if f.reported_by is None else f"rank {f.reported_by} (which named rank {f.rank})"
 
     def _text(self) -> str:
-        who = "job" if self.rank is None else f"rank {self.rank}"
-        killer = signal_name(self.exitcode)
+        f = self.failure
+        who = "job" if f.rank is None else f"rank {f.rank}"
+        killer = signal_name(f.exitcode)
         status = f" (killed by {killer})" if killer else ""
-        if self.exitcode and not killer:
-            status = f" (exit status {self.exitcode})"
-        return failure_text(f"{who} failed{status}: {self.error_type}: {self.message}", who,
-                            self.remote_traceback, self.output_tail)
+        if f.exitcode and not killer:
+            status = f" (exit status {f.exitcode})"
+        if f.reported_by is not None:
+            status = f" (as rank {f.reported_by} reports)"
+        return failure_text(f"{who} failed{status}: {f.error_type}: {f.message}", self._who(),
+                            f.traceback, "\n".join(f.tail))
 
     def original(self) -> Optional[BaseException]:
         """The rank's own exception object, where it could be pickled."""
@@ -131,31 +124,24 @@ class RankGroup:
                 t.start()
                 self._pumps.append(t)
 
-    def _record(self, rank: int):
+    def _result(self, rank: int) -> Optional[RankResult]:
         key = f"{self.job}/result/{rank}"
-        return cloudpickle.loads(self.store.get(key)) if self.store.check(key) else None
+        return RankResult.decode(self.store.get(key)) if self.store.check(key) else None
 
-    def _failure(self, rank: int) -> RankFailed:
+    def _failure(self, rank: int) -> Failure:
         rc = self.procs[rank].returncode
-        rec = self._record(rank)
-        tail = "\n".join(self.tails[rank])
-        if rec and rec[0] == "error":
-            blob = rec[4] if len(rec) > 4 else b""
-            return RankFailed(rank, rc, rec[1], rec[2], rec[3], tail, blob)
+        res = self._result(rank)
+        tail = tuple(self.tails[rank])
+        if res is not None and not res.ok:
+            return dataclasses.replace(res.failure, rank=rank, exitcode=rc, tail=tail)
         if rc is not None and rc < 0:
-            return RankFailed(rank, rc, "ProcessDied", "the rank process died by a signal", "", tail)
-        return RankFailed(rank, rc, "ProcessExited",
-                          "the rank process exited without returning a result", "", tail)
+            return Failure(rank, "ProcessDied", "the rank process died by a signal", exitcode=rc,
+                           tail=tail)
+        return Failure(rank, "ProcessExited", "the rank process exited without returning a result",
+                       exitcode=rc, tail=tail)
 
     def _root_cause(self, failed: list) -> RankFailed:
-        errs = [self._failure(r) for r in failed]
-        own = [e for e in errs if e.error_type not in _COMM_ERRORS + ("ProcessDied", "ProcessExited")]
-        silent = [e for e in errs if e.error_type in ("ProcessDied", "ProcessExited")]
-        # A communication error that names a peer which reported nothing itself points at
-        # the culprit (a stalled rank); one naming another victim only repeats the news.
-        pointing = [e for e in errs if e.error_type in _COMM_ERRORS
-                    and (m := _PEER.search(e.message)) and int(m.group(1)) not in failed]
-        return (own or silent or pointing or errs)[0]
+        return RankFailed(root_cause([self._failure(r) for r in failed]))
 
     def wait_exit(self, timeout: Optional[float] = None, grace: float = FINISH_GRACE) -> None:
         """Wait for every rank to exit 0; raise RankFailed for the root cause otherwise.
@@ -176,22 +162,22 @@ class RankGroup:
                 first_ok = (time.monotonic(), codes.index(0))
             if not failed and first_ok and grace > 0 and time.monotonic() - first_ok[0] > grace:
                 running = [r for r, c in enumerate(codes) if c is None]
-                raise RankFailed(running[0], None, "RankDidNotFinish",
-                                 unfinished_text(first_ok[1], running, grace))
+                raise RankFailed(Failure(running[0], "RankDidNotFinish",
+                                         unfinished_text(first_ok[1], running, grace)))
             if deadline is not None and time.monotonic() > deadline:
                 running = [r for r, c in enumerate(codes) if c is None]
-                raise RankFailed(None, None, "JobTimeout",
-                                 f"ranks {running} still running after {timeout:g} s; killed")
+                raise RankFailed(Failure(None, "JobTimeout",
+                                         f"ranks {running} still running after {timeout:g} s; killed"))
             time.sleep(0.005)
 
     def wait_results(self, timeout: Optional[float] = None, grace: float = FINISH_GRACE) -> list:
         self.wait_exit(timeout, grace)
         out = []
         for r in range(len(self.procs)):
-            rec = self._record(r)
-            if rec is None or rec[0] != "ok":
-                raise self._failure(r)
-            out.append(rec[1])
+            res = self._result(r)
+            if res is None or not res.ok:
+                raise RankFailed(self._failure(r))
+            out.append(res.value())
         return out
 
     def kill(self) -> None:

@@ -1,8 +1,8 @@
 """The rank process `run_local` and the Spark task start.
 
 It reads the rank environment, fetches the cloudpickled (fn, args, kwargs)
-from the authenticated store, runs it, and writes back ("ok", value) or
-("error", type, message, traceback, pickled exception).  Only the ranks in
+from the authenticated store, runs it, and writes back its `RankResult`: the
+pickled value, or the failure with its traceback and pickled exception.  Only the ranks in
 HVS_RETURN_RANKS (unset: all; "0" under HorovodRunner) pickle their value: the
 others' is thrown away, so it never travels and never fails the job.
 
@@ -22,6 +22,7 @@ import traceback
 import cloudpickle
 
 from .rankenv import RankEnv
+from .record import Failure, RankResult
 from ..settings import RETURN_RANKS
 from ..settings import WARM_REPORT
 from ..rendezvous.store import TCPStore
@@ -43,12 +44,17 @@ def describe_exception(exc: BaseException) -> str:
         return (f"<the exception's __str__ raised {type(broken).__name__}>; its args: {args}")
 
 
-def _error_record(exc: BaseException) -> tuple:
+def _failure(env: RankEnv, exc: BaseException) -> RankResult:
     try:
         blob = cloudpickle.dumps(exc)
-    except Exception:
+    except BaseException:  # noqa: BLE001 - an exception that cannot be pickled is still named
         blob = b""
-    return ("error", type(exc).__name__, describe_exception(exc), traceback.format_exc(), blob)
+    try:
+        tb = traceback.format_exc()
+    except BaseException:  # noqa: BLE001
+        tb = ""
+    return RankResult(failure=Failure(env.rank, type(exc).__name__, describe_exception(exc),
+                                      size=env.size, host=env.host, traceback=tb, exc_blob=blob))
 
 
 def _returns_value(rank: int) -> bool:
@@ -67,22 +73,22 @@ def main() -> int:
     code = 0
     try:
         value = fn(*args, **kwargs)
-        record = ("ok", value if _returns_value(env.rank) else None)
+        try:
+            result = RankResult(value_blob=cloudpickle.dumps(
+                value if _returns_value(env.rank) else None))
+        except Exception as exc:
+            result = RankResult(failure=Failure(
+                env.rank, "PicklingError", f"the return value of rank {env.rank} cannot be "
+                f"pickled: {exc}", size=env.size, host=env.host, traceback=traceback.format_exc()))
+            code = 1
         del value
     except BaseException as exc:  # the driver gets every failure, SystemExit included
-        record, code = _error_record(exc), 1
-    try:
-        data = cloudpickle.dumps(record)
-    except Exception as exc:
-        data = cloudpickle.dumps(("error", "PicklingError",
-                                  f"the return value of rank {env.rank} cannot be pickled: {exc}",
-                                  traceback.format_exc(), b""))
-        code = 1
+        result, code = _failure(env, exc), 1
     report = WARM_REPORT.read()
     if report:  # which of these modules the function imported (the task's warm start)
         imported = [m for m in report.split(",") if m in sys.modules]
         store.set(f"{env.job}/modules/{env.rank}", ",".join(imported).encode("ascii"))
-    store.set(f"{env.job}/result/{env.rank}", data)
+    store.set(f"{env.job}/result/{env.rank}", result.encode())
     store.close()
     return code
 

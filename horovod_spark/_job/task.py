@@ -23,17 +23,15 @@ in containers that each number their own GPUs from 0) a rank sees only its own.
 The child dies with the task: PR_SET_PDEATHSIG (Spark SIGKILLs the worker of
 a killed task), the driver's abort frame on the log channel, and a SIGKILL of
 the child's process group in `finally`.  A failure leaves the task as a
-`RankFailure` whose text carries a failure record (`_output.failure_marker`),
+`RankFailed` whose text carries the failure record (`logchannel.failure_marker`),
 and the same record goes to the driver on the log channel first.
 """
 from __future__ import annotations
 
-import base64
 import collections
 import ctypes
 import dataclasses
 import os
-import pickletools
 import signal
 import subprocess
 import sys
@@ -43,13 +41,15 @@ import time
 import traceback
 from typing import Iterator, Optional, Tuple
 
+from collectives.launch import RankFailed
+from collectives.launch.record import Failure, RankResult, signal_name
+
 from .logchannel import CALLBACK_MARK, LogClient, failure_marker, split_lines
 from .settings import WARM_START
 
-__all__ = ["TaskSpec", "run_task", "RankFailure"]
+__all__ = ["TaskSpec", "run_task"]
 
 TAIL = 20
-_COMM_ERRORS = ("PeerLostError", "CollectiveTimeout")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,10 +70,6 @@ class TaskSpec:
 
 #: Seconds a GPU task waits for the other tasks of its host to publish their GPUs.
 GPU_EXCHANGE_TIMEOUT = 120.0
-
-
-class RankFailure(RuntimeError):
-    """The task's rank failed; the text ends with a machine-readable failure record."""
 
 
 try:
@@ -137,17 +133,6 @@ def host_gpus(store, job: str, rank: int, hosts: list, mine: list,
     if len(set(firsts)) != len(firsts):
         return list(mine), 0
     return firsts, local.index(rank)
-
-
-def _status(blob: bytes) -> Optional[str]:
-    """"ok" or "error": the first string of a pickled result record, read without unpickling."""
-    try:
-        for opcode, arg, _ in pickletools.genops(blob):
-            if isinstance(arg, str) and "UNICODE" in opcode.name:
-                return arg
-    except Exception:
-        return None
-    return None
 
 
 class RankProcess:
@@ -232,10 +217,11 @@ class RankProcess:
         return rc
 
     def outcome(self, rc: int) -> Optional[bytes]:
-        """The pickled ("ok", value) record, or raise RankFailure."""
+        """The encoded `RankResult` of a rank that returned, or raise RankFailed."""
         key = f"{self.spec.job}/result/{self.rank}"
         blob = self.server.get(key) if self.server.check(key) else None
-        if blob is not None and _status(blob) == "ok":
+        result = RankResult.decode(blob) if blob is not None else None
+        if result is not None and result.ok:
             from .checks import check_result_size
 
             if self.spec.rank0_only and self.rank != 0:
@@ -243,38 +229,27 @@ class RankProcess:
             try:
                 check_result_size(len(blob), self.spec.result_limit, self.rank)
             except ValueError as exc:
-                self._fail(self._record(rc, None, ("ResultTooLarge", str(exc), "")))
+                self._fail(self._failure(rc, Failure(self.rank, "ResultTooLarge", str(exc))))
             return blob
-        self._fail(self._record(rc, blob, None))
+        self._fail(self._failure(rc, result.failure if result is not None else None))
 
-    def _record(self, rc: int, blob: Optional[bytes], own: Optional[tuple]) -> dict:
-        exc_blob = b""
-        if own is not None:
-            etype, message, tb = own
-        elif blob is not None and _status(blob) == "error":
-            import cloudpickle  # from our own authenticated child
+    def _failure(self, rc: int, own: Optional[Failure]) -> Failure:
+        """This rank's failure: its own account if it gave one, else how its process ended."""
+        if own is None and rc < 0:
+            own = Failure(self.rank, "ProcessDied",
+                          f"the rank process was killed by signal {signal_name(rc)}")
+        elif own is None:
+            own = Failure(self.rank, "ProcessExited", f"the rank process exited with status {rc} "
+                                                      f"without returning a result")
+        return dataclasses.replace(own, rank=self.rank, size=self.size, host=self.renv.host,
+                                   exitcode=rc, tail=tuple(self.tail), aborted=self.aborted,
+                                   time=time.time())
 
-            rec = cloudpickle.loads(blob)
-            etype, message, tb = rec[1], rec[2], rec[3]
-            exc_blob = rec[4] if len(rec) > 4 else b""
-        elif rc < 0:
-            name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else -rc
-            etype, message, tb = "ProcessDied", f"the rank process was killed by signal {name}", ""
-        else:
-            etype, message, tb = ("ProcessExited", f"the rank process exited with status {rc} "
-                                  f"without returning a result", "")
-        return {"rank": self.rank, "size": self.size, "host": self.renv.host, "exitcode": rc,
-                "error_type": etype, "message": message, "traceback": tb,
-                "tail": list(self.tail), "aborted": self.aborted, "time": time.time(),
-                "exc_blob": base64.b64encode(exc_blob).decode()}
-
-    def _fail(self, record: dict) -> None:
+    def _fail(self, failure: Failure) -> None:
+        record = failure.to_dict()
         self.log.failure(record)
         short = {k: v for k, v in record.items() if k != "exc_blob"}
-        text = f"rank {self.rank}/{self.size} failed: {record['error_type']}: {record['message']}"
-        if record["traceback"]:
-            text += "\n" + record["traceback"].rstrip()
-        raise RankFailure(text + "\n" + failure_marker(short))
+        raise RankFailed(failure, failure_marker(short))
 
     def cleanup(self) -> None:
         self.kill()
@@ -302,7 +277,7 @@ class RankProcess:
 
 
 def run_task(spec: TaskSpec, _partition: Iterator) -> Iterator[Tuple[int, Optional[bytes]]]:
-    """The mapPartitions body of the barrier stage: yields (rank, pickled result or None)."""
+    """The mapPartitions body of the barrier stage: yields (rank, encoded RankResult or None)."""
     from pyspark import BarrierTaskContext
 
     proc = RankProcess(spec, BarrierTaskContext.get())
@@ -310,8 +285,9 @@ def run_task(spec: TaskSpec, _partition: Iterator) -> Iterator[Tuple[int, Option
         try:
             proc.start()
         except OSError as exc:  # no such executable, no memory to fork, ...
-            proc._fail(proc._record(-1, None, ("RankStartFailed", f"cannot start the rank "
-                                               f"process: {exc}", traceback.format_exc())))
+            proc._fail(proc._failure(-1, Failure(proc.rank, "RankStartFailed",
+                                                 f"cannot start the rank process: {exc}",
+                                                 traceback=traceback.format_exc())))
         result = proc.outcome(proc.wait())
     finally:
         proc.cleanup()

@@ -43,7 +43,7 @@ from typing import Mapping, Optional
 
 from collectives.launch.zygote import MAX_PACKET, die_with_parent
 
-__all__ = ["enabled", "spawn", "learn", "shutdown", "WarmChild", "REPORT"]
+__all__ = ["spawn", "learn", "shutdown", "WarmChild", "REPORT"]
 
 log = logging.getLogger("horovod_spark.warm")
 

@@ -28,7 +28,7 @@ import time
 from typing import Iterator
 
 from horovod_spark.estimator._census import OK, write_census
-from horovod_spark.estimator._job import BarrierJob
+from horovod_spark.estimator._job import FitJob
 from horovod_spark.estimator._spill import local_dir, spill_partition
 
 __all__ = ["RESULT_SCHEMA", "task_body"]
@@ -48,8 +48,8 @@ def _row(partition: int, status: str, message: str = "", payload: bytes = b""):
 class _Rank(threading.Thread):
     """The rank, run by the runner's task code while this task spills."""
 
-    def __init__(self, task_spec, job: BarrierJob, directory: str):
-        from horovod_spark._job.driver import pickle_job
+    def __init__(self, task_spec, job: FitJob, directory: str):
+        from horovod_spark._job.pickling import pickle_job
 
         super().__init__(name="hvs-estimator-rank", daemon=True)
         self.spec = dataclasses.replace(
@@ -74,7 +74,7 @@ def _watched(batches: Iterator, rank: _Rank) -> Iterator:
         yield batch
 
 
-def _spill(batches, job: BarrierJob, partition: int, directory: str) -> dict:
+def _spill(batches, job: FitJob, partition: int, directory: str) -> dict:
     began, task_start, cpu = time.perf_counter(), time.time(), time.thread_time()
     census = spill_partition(batches, job.specs, partition, job.validation_fraction,
                              job.train.seed, directory=directory).to_dict()
@@ -85,7 +85,7 @@ def _spill(batches, job: BarrierJob, partition: int, directory: str) -> dict:
     return census
 
 
-def task_body(task_spec, job: BarrierJob, batches: Iterator) -> Iterator:
+def task_body(task_spec, job: FitJob, batches: Iterator) -> Iterator:
     """The mapInArrow function of the fit's barrier stage."""
     from pyspark import BarrierTaskContext
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from pyspark.ml import Estimator
 
 from horovod_spark.estimator import _checks, _parquet
-from horovod_spark.estimator._job import BarrierJob, TrainSpec
+from horovod_spark.estimator._job import FitJob, TrainSpec
 from horovod_spark.estimator.data import ColumnSpec, prepare
 from horovod_spark.estimator.params import EstimatorParams
 
@@ -87,13 +87,13 @@ class DistributedEstimator(Estimator, EstimatorParams):
             feature_cols=values["feature_cols"], label_cols=values["label_cols"],
             run_id=job.train.run_id)
 
-    def _run(self, spark, prepared, num_proc: int, job: BarrierJob, verbose: int):
+    def _run(self, spark, prepared, num_proc: int, job: FitJob, verbose: int):
         from horovod_spark.estimator._launch import run_fit
 
         return run_fit(spark, prepared, num_proc, job, verbose)
 
     def _barrier_job(self, values: Dict[str, Any], specs: Sequence[ColumnSpec],
-                     output_shapes: List[List[int]]) -> BarrierJob:
+                     output_shapes: List[List[int]]) -> FitJob:
         from horovod_spark.estimator.store import LocalStore
 
         validation = values["validation"]
@@ -109,7 +109,7 @@ class DistributedEstimator(Estimator, EstimatorParams):
             has_validation=bool(validation), specs=tuple(specs))
         store.check_writable(train.run_id)  # before any data moves or any epoch runs
         fraction = validation if isinstance(validation, float) else 0.0
-        return BarrierJob(specs=tuple(specs), validation_fraction=fraction, train=train,
+        return FitJob(specs=tuple(specs), validation_fraction=fraction, train=train,
                           train_fn=type(self)._train_fn)
 
 

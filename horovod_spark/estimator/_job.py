@@ -1,6 +1,6 @@
 """What the driver hands to the barrier tasks and what the tasks hand to the ranks.
 
-``BarrierJob`` travels (pickled) into every task of the fit's barrier stage;
+``FitJob`` travels (pickled) into every task of the fit's barrier stage;
 ``TrainSpec`` is the part the rank process needs, completed on the rank with the
 row counts of every shard once the ranks have exchanged their censuses
 (``_census.agree``).  Both are frozen: copies are made with ``dataclasses.replace``.
@@ -16,7 +16,7 @@ from horovod_spark._job.settings import PROGRESS
 from horovod_spark.estimator.data import ColumnSpec
 from horovod_spark.estimator.store import Store
 
-__all__ = ["TrainSpec", "BarrierJob", "RankData", "Progress", "append_history", "averaged"]
+__all__ = ["TrainSpec", "FitJob", "RankData", "Progress", "append_history", "averaged"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +45,7 @@ class TrainSpec:
 
 
 @dataclasses.dataclass(frozen=True)
-class BarrierJob:
+class FitJob:
     specs: Tuple[ColumnSpec, ...]
     validation_fraction: float
     train: TrainSpec

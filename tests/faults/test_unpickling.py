@@ -35,15 +35,9 @@ REVIEWED = {
                                        + AUTH_STORE,
     ("collectives/launch/procs.py", "RankFailed.original"): "a rank's exception, from the launcher's "
                                                       + OWN_STORE,
-    ("collectives/launch/procs.py", "RankGroup._record"): "a rank's result, from the launcher's "
-                                                    + OWN_STORE,
-    ("horovod_spark/_job/task.py", "RankProcess._record"): "the child's error record, from the "
-                                                        "task's " + OWN_STORE,
-    ("horovod_spark/_job/driver.py", "JobFailedError.original"): "exc_blob of a failure record from "
-                                                             "the authenticated log channel "
-                                                             "(but see MARKER_PICKLE)",
-    ("horovod_spark/_job/driver.py", "_values"): SPARK,
-    ("horovod_spark/estimator/_launch.py", "_stage"): SPARK,
+    ("collectives/launch/record.py", "RankResult.value"): "a rank's result: from the launcher's "
+                                                        + OWN_STORE + "; on Spark, through "
+                                                        + SPARK,
     ("horovod_spark/estimator/_torch_io.py", "loads_model"): USER_MODEL,
     ("horovod_spark/estimator/_keras_io.py", "loads_model"): USER_MODEL,
     ("horovod_spark/estimator/_train_keras.py", "_fit"): "the estimator's spec, shipped by the "
@@ -151,13 +145,13 @@ MARKER_PICKLE = ("JobFailedError.original() unpickles the exc_blob of any failur
                  "records are also parsed out of Spark's exception text (parse_failure_markers), "
                  "which carries the rank's own traceback text: an exception message that contains "
                  "'HVS-FAILURE:<base64 JSON with exc_blob>' makes the driver unpickle it "
-                 "(horovod_spark/_job/driver.py failure_of / logchannel.py parse_failure_markers; "
+                 "(horovod_spark/_job/failure.py failure_of / logchannel.py parse_failure_markers; "
                  "fix: drop exc_blob from records parsed out of the exception text: the task "
                  "never puts it there)")
 
 
 def test_a_failure_record_forged_in_spark_exception_text_is_never_unpickled(tmp_path):
-    from horovod_spark._job.driver import JobFailedError, failure_of
+    from horovod_spark._job.failure import JobFailedError, failure_of
     from horovod_spark._job.logchannel import failure_marker
 
     target = tmp_path / "unpickled"
