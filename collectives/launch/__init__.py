@@ -5,8 +5,8 @@ ranks without Spark; `worker` is the rank process every launcher starts;
 `zygote` forks warm ones; `procs` watches a group of them; `RankEnv` is the
 environment a launcher gives each rank.
 """
-from .launcher import main, rank_envs, run_local, start_ranks
+from .launcher import main, run_local, start_ranks
 from .procs import RankFailed
-from .rankenv import RankEnv
+from .rankenv import RankEnv, rank_envs
 
 __all__ = ["run_local", "start_ranks", "rank_envs", "RankFailed", "RankEnv", "main"]

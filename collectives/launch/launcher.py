@@ -14,7 +14,6 @@ import argparse
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import uuid
@@ -24,7 +23,7 @@ import cloudpickle
 
 from ..rendezvous import auth
 from .procs import RankFailed, RankGroup, finish_grace
-from .rankenv import RankEnv
+from .rankenv import RankEnv, rank_envs
 from ..rendezvous.store import TCPStore
 
 __all__ = ["run_local", "RankFailed", "RankEnv", "main"]
@@ -35,23 +34,6 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
-
-
-def rank_envs(np_: int, store_addr: str, secret: bytes, job: str,
-              hosts: Optional[Sequence[str]] = None) -> list:
-    """The rank environment of each of np_ local ranks (`hosts` fakes placement)."""
-    hosts = list(hosts) if hosts else [socket.gethostname()] * np_
-    if len(hosts) != np_:
-        raise ValueError(f"hosts names {len(hosts)} hosts for {np_} ranks")
-    order = list(dict.fromkeys(hosts))
-    envs = []
-    for r in range(np_):
-        same = [i for i in range(np_) if hosts[i] == hosts[r]]
-        envs.append(RankEnv(rank=r, size=np_, local_rank=same.index(r), local_size=len(same),
-                            cross_rank=order.index(hosts[r]), cross_size=len(order),
-                            host=hosts[r], bind_addr="127.0.0.1", store_addr=store_addr,
-                            secret=secret, job=job))
-    return envs
 
 
 def _driver_path(existing: str) -> str:

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Mapping, Optional
+import socket
+from typing import Mapping, Optional, Sequence
 
-__all__ = ["RankEnv"]
+__all__ = ["RankEnv", "rank_envs"]
 
 #: HVS_SECRET once read from this process's environment, which then drops it: the
 #: training function's own subprocesses must not inherit the job's key.
@@ -71,3 +72,20 @@ class RankEnv:
             "HOROVOD_CROSS_RANK": str(self.cross_rank), "HOROVOD_CROSS_SIZE": str(self.cross_size),
             **({"HVS_GPU_ORDINAL": str(self.gpu_ordinal)} if self.gpu_ordinal is not None else {}),
         }
+
+
+def rank_envs(np_: int, store_addr: str, secret: bytes, job: str,
+              hosts: Optional[Sequence[str]] = None) -> list:
+    """The rank environment of each of np_ local ranks (`hosts` fakes placement)."""
+    hosts = list(hosts) if hosts else [socket.gethostname()] * np_
+    if len(hosts) != np_:
+        raise ValueError(f"hosts names {len(hosts)} hosts for {np_} ranks")
+    order = list(dict.fromkeys(hosts))
+    envs = []
+    for r in range(np_):
+        same = [i for i in range(np_) if hosts[i] == hosts[r]]
+        envs.append(RankEnv(rank=r, size=np_, local_rank=same.index(r), local_size=len(same),
+                            cross_rank=order.index(hosts[r]), cross_size=len(order),
+                            host=hosts[r], bind_addr="127.0.0.1", store_addr=store_addr,
+                            secret=secret, job=job))
+    return envs
