@@ -21,6 +21,7 @@ import pytest
 from _spark_support import alive_after
 
 from collectives.launch import rank_envs
+from collectives.launch.record import RankResult
 from collectives.rendezvous.store import StoreServer
 from horovod_spark._job import warm
 
@@ -77,9 +78,9 @@ def test_a_forked_rank_runs_its_function_with_its_own_environment(owner, store):
         child = _spawn(own, dict(_rank_env(env, store), WARM_WORD=word), _facts, store, word)
         out, err = child.stdout.read(), child.stderr.read()
         assert child.wait(timeout=30) == 0, err.decode()
-        status, value = cloudpickle.loads(store.get(f"{JOB}/result/0"))
-        assert status == "ok"
-        results.append(value)
+        result = RankResult.decode(store.get(f"{JOB}/result/0"))
+        assert result.ok, result.failure
+        results.append(result.value())
         assert out.decode() == f"out {word}\n" and err.decode() == f"err {word}\n"
         assert store.get(f"{JOB}/modules/0").decode().split(",") == ["numpy"]
         store.delete(f"{JOB}/result/0")
