@@ -224,13 +224,13 @@ class BarrierJob:
     def values(self, rows) -> list:
         """The runner stage's rows as every rank's value in rank order (rank 0's alone with
         rank0_only)."""
-        from collectives.launch.record import RankResult
+        from collectives.launch.record import Failure, RankResult
 
         by_rank = dict(rows)
         np_ = self.opts.np
         if sorted(by_rank) != list(range(np_)):
-            raise JobFailedError({"rank": None, "size": np_, "error_type": "SparkJobFailed",
-                                  "message": f"results came back for ranks {sorted(by_rank)}"})
+            raise JobFailedError(Failure(None, "SparkJobFailed",
+                                         f"results came back for ranks {sorted(by_rank)}", size=np_))
         wanted = [0] if self.opts.rank0_only else range(np_)
         return [RankResult.decode(by_rank[r]).value() for r in wanted]
 

@@ -16,6 +16,7 @@ import time
 from typing import Callable, Optional
 
 from collectives.launch.procs import unfinished_text
+from collectives.launch.record import Failure
 
 __all__ = ["Watch"]
 
@@ -31,7 +32,7 @@ class Watch:
         self._t0 = time.monotonic()
         self._first_ok: Optional[tuple] = None
         self._stop = threading.Event()
-        self.record: Optional[dict] = None
+        self.record: Optional[Failure] = None
         self._thread = threading.Thread(target=self._run, name="hvs-job-watch", daemon=True)
         self._thread.start()
 
@@ -47,13 +48,12 @@ class Watch:
                 self._cancel()
                 return
 
-    def _check(self, now: float) -> Optional[dict]:
+    def _check(self, now: float) -> Optional[Failure]:
         if self._timeout and now - self._t0 > self._timeout:
             running = self._running()
-            return {"rank": None, "size": self._np, "error_type": "JobTimeout",
-                    "message": f"the job ran past its timeout of {self._timeout:g} s"
-                               + (f"; ranks {running} still running" if running else ""),
-                    "hint": "pass a larger timeout= (or None: no limit)"}
+            return Failure(None, "JobTimeout", f"the job ran past its timeout of {self._timeout:g} s"
+                           + (f"; ranks {running} still running" if running else ""),
+                           size=self._np, hint="pass a larger timeout= (or None: no limit)")
         if self._server is None or self._grace <= 0:
             return None
         failed = {rec.get("rank") for rec in list(self._server.failures)}
@@ -64,8 +64,8 @@ class Watch:
             self._first_ok = (now, returned[0])
         running = self._running()
         if running and now - self._first_ok[0] > self._grace:
-            return {"rank": running[0], "size": self._np, "error_type": "RankDidNotFinish",
-                    "message": unfinished_text(self._first_ok[1], running, self._grace)}
+            return Failure(running[0], "RankDidNotFinish",
+                           unfinished_text(self._first_ok[1], running, self._grace), size=self._np)
         return None
 
     def _running(self) -> list:
