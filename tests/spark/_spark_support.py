@@ -68,7 +68,10 @@ def start_session(master: str, conf: dict | None = None):
     from pyspark import SparkContext
 
     active = SparkContext._active_spark_context  # left by an earlier module (or the embedded default)
-    if active is not None and active.master != master:
+    # a context's own settings (maxResultSize, resources) are fixed when it starts: a module
+    # that needs others than the running context's gets a context of its own
+    if active is not None and (active.master != master or any(
+            active.getConf().get(k) != str(v) for k, v in (conf or {}).items())):
         active.stop()
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
