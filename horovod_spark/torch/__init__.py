@@ -32,6 +32,7 @@ from .mpi_ops import (Adasum, Average, Max, Min, Product, ProcessSet, Sum, add_p
                       grouped_reducescatter_async, join, poll, reducescatter_async,
                       remove_process_set, synchronize)
 from .optimizer import DistributedOptimizer
+from .sync_batch_norm import SyncBatchNorm
 from .sync_ops import (allgather, allreduce, allreduce_, alltoall, broadcast, broadcast_,
                        grouped_allgather, grouped_allreduce, grouped_allreduce_,
                        grouped_reducescatter, reducescatter)
@@ -51,7 +52,7 @@ __all__ = [
     "grouped_reducescatter_async",
     "synchronize", "poll", "join", "barrier",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
-    "Compression", "DistributedOptimizer",
+    "Compression", "DistributedOptimizer", "SyncBatchNorm",
     "HorovodInternalError", "CollectiveError", "CollectiveTimeout", "MismatchError",
     "NotSupported", "PeerLostError", "InvalidArgument",
 ]

@@ -115,9 +115,49 @@ def errors_are_the_types_horovod_scripts_catch(hvd):
             raise AssertionError(f"a mismatched {what} did not raise")
 
 
+def sync_batch_norm_matches_batch_norm_over_every_ranks_batch(hvd):
+    r, n = hvd.rank(), hvd.size()
+
+    def batch(q):  # ranks hold different batch sizes
+        g = torch.Generator().manual_seed(50 + q)
+        return torch.randn(q + 2, 3, 4, generator=g, dtype=torch.float64) * (q + 1) + q
+
+    def coeff(q):
+        return torch.arange((q + 2) * 12, dtype=torch.float64).view(q + 2, 3, 4) % 5 - q
+
+    sync = hvd.SyncBatchNorm(3, momentum=0.3).double()
+    ref = torch.nn.BatchNorm1d(3, momentum=0.3).double()
+    with torch.no_grad():
+        for m in (sync, ref):
+            m.weight.copy_(torch.tensor([1.0, 2.0, -0.5]))
+            m.bias.copy_(torch.tensor([0.1, 0.0, 0.3]))
+    x = batch(r).requires_grad_()
+    y = sync(x)
+    (y * coeff(r)).sum().backward()
+    full = torch.cat([batch(q) for q in range(n)]).requires_grad_()
+    y_ref = ref(full)
+    (y_ref * torch.cat([coeff(q) for q in range(n)])).sum().backward()
+    start = sum(q + 2 for q in range(r))
+    mine = slice(start, start + r + 2)
+    np.testing.assert_allclose(y.detach().numpy(), y_ref[mine].detach().numpy(), rtol=1e-9,
+                               atol=1e-9)
+    np.testing.assert_allclose(x.grad.numpy(), full.grad[mine].numpy(), rtol=1e-9, atol=1e-9)
+    for a, b in ((sync.running_mean, ref.running_mean), (sync.running_var, ref.running_var)):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-9)
+    for p, q in ((sync.weight, ref.weight), (sync.bias, ref.bias)):  # local grads add up
+        np.testing.assert_allclose(hvd.allreduce(p.grad, op=hvd.Sum).numpy(), q.grad.numpy(),
+                                   rtol=1e-9, atol=1e-9)
+    sync.eval()
+    with torch.no_grad():
+        got = sync(batch(r))
+    ref.eval()
+    np.testing.assert_allclose(got.numpy(), ref(batch(r)).detach().numpy(), rtol=1e-9)
+
+
 CHECKS = [integer_average_truncates_toward_zero, integer_scale_factors_scale_as_horovod,
           reducescatter_refuses_a_scalar, reducescatter_gradients_are_horovods,
-          errors_are_the_types_horovod_scripts_catch]
+          errors_are_the_types_horovod_scripts_catch,
+          sync_batch_norm_matches_batch_norm_over_every_ranks_batch]
 
 
 def run_all() -> dict:
