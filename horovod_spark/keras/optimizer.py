@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..tensorflow._gradients import GradientReducer
+from ..tensorflow.gradients import GradientReducer
 from ..tensorflow.compression import Compression
 from ..tensorflow.mpi_ops import Average
 from ._aggregation import LocalAggregator

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from ._gradients import GradientReducer
+from .gradients import GradientReducer
 from .compression import Compression
 from .mpi_ops import Average
 
