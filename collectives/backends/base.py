@@ -66,6 +66,7 @@ class Backend:
     """Base class: every op refuses clearly until a subclass implements it."""
 
     name = "base"
+    native_context = None  # the native backend's context, which a fusion lane runs over
 
     def __init__(self, topology: Topology) -> None:
         self.topology = topology

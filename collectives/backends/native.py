@@ -77,12 +77,12 @@ def _alive(pid: int) -> bool:
 class NativeBackend(Backend):
     name = "native"
 
-    def __init__(self, mesh, store, config, prefix: str, tuning: Optional[dict] = None) -> None:
+    def __init__(self, mesh, store, config, prefix: str) -> None:
         super().__init__(mesh.topology)
         self._ctx = None
         self._mesh = mesh
         self._config = config
-        tune = {**TUNING, **(tuning or {})}
+        tune = dict(TUNING)
         topo = mesh.topology
         order = topo.host_order
         opts = _native.ContextOptions()
@@ -189,6 +189,11 @@ class NativeBackend(Backend):
         """Cross-memory attach in large shm allreduces: 'on' or 'off' once the ranks of
         this host agreed (their first large allreduce), 'unknown' before, 'none' alone."""
         return self._native().cma
+
+    @property
+    def native_context(self):
+        """The native context (`_native.Context`), for a fusion lane over it; None once closed."""
+        return self._ctx
 
     def _native(self):
         if self._ctx is None:

@@ -6,8 +6,8 @@
 
 Framework-free: buffers are numpy arrays (torch CPU tensors work too, through
 the communicator's buffer mapping), or CUDA tensors and arrays, whose ops run
-on the engine's own stream (_streams.py).  See engine.py for the cycle and
-scheduling.py for who runs it.
+on the engine's own stream.  `FusionEngine` runs the cycle, its `Scheduler`
+decides who runs it and when, and its `Lane` runs an armed op's cycle in C++.
 """
 from __future__ import annotations
 

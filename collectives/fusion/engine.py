@@ -1,52 +1,52 @@
 """FusionEngine: named async ops, agreed across ranks and fused, in a background thread.
 
 Terms.  A *submission* is one call of `submit` (any thread); it becomes a
-*request* (request.py) that waits in the *pending* table of this rank.  A
+*request* (`Request`) that waits in the *pending* table of this rank.  A
 *cycle* is one pass of the engine's thread, every `cycle_time_ms`:
 
 1. drain the submissions;
 2. *coordinate*: one small allreduce of the coordination vector
-   (coordinator.py) tells every rank which cached signatures are pending on
+   (`coordinator.Layout`) tells every rank which cached signatures are pending on
    every rank, who has joined, who is shutting down, who has something new;
 3. *negotiate*, only when some rank has new signatures: one allgather of
-   their metadata into the message table (table.py), where readiness and
+   their metadata into the message table (`MessageTable`), where readiness and
    mismatches are decided identically on every rank; agreed signatures enter
-   the response cache (cache.py), so the next time they cost one bit;
-4. *execute* the agreed ops in one deterministic order (executor.py);
-5. finish joins, report stalls (stall.py), stop on shutdown.
+   the response cache (`ResponseCache`), so the next time they cost one bit;
+4. *execute* the agreed ops in one deterministic order (`Executor`);
+5. finish joins, report stalls (`StallWatch`), stop on shutdown.
 
-Who runs the cycles, and when: scheduling.py (the engine's thread, or a
-caller that waits on a synchronous op).
+Who runs the cycles, and when: the Scheduler (the engine's thread, or a
+caller that waits on a synchronous op).  The lane (`Lane`) runs an armed op's
+cycle in C++ and hands the engine what it cannot decide (`lane_op`).
 
-Failure: an exception in a cycle, on the engine's thread or a caller's (a
-lost peer, a timeout), fails every pending handle with that cause; later
-submissions raise it at once.  A KeyboardInterrupt in a caller's cycle (Python
-runs signal handlers between any two bytecodes of the main thread) stops the
-engine the same way, since this rank may be out of step with the others, and
-then reaches the caller; one between cycles leaves the engine as it is.  Every
-op submitted and not finished is registered (`_live`), so a stop fails it
-wherever the cut-short cycle left it.
+A failure in a cycle stops the engine and fails every op submitted and not
+finished (`_live`) with its cause; the architecture notes (Fusion engine)
+tell the rest.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Dict, List, Optional
 
+import numpy as np
 from ..errors import CollectiveError, CollectiveTimeout, MismatchError, describe
 from ..types import DType, ReduceOp
 from . import coordinator as C
 from .cache import ResponseCache
 from .executor import Executor
 from .handle import Handle
-from .lane import LaneMixin, make_lane
+from .lane import Lane, codes as lane_codes
 from .request import Request, Signature, make_request
-from .scheduling import IDLE_S, Scheduling
+from .scheduling import IDLE_S, Scheduler
 from .stall import StallWatch
 from .table import MessageTable
 from .timeline import Timeline
 
 __all__ = ["FusionEngine", "IDLE_S"]
+
+log = logging.getLogger("collectives.fusion")
 
 _INT32, _SUM = DType.INT32, ReduceOp.SUM
 _METRICS = ("cycles", "caller_cycles", "negotiations", "tensors", "allreduce_tensors",
@@ -54,19 +54,17 @@ _METRICS = ("cycles", "caller_cycles", "negotiations", "tensors", "allreduce_ten
             "thread_cpu_s", "lane_handovers")
 
 
-class FusionEngine(Scheduling, LaneMixin):
+class FusionEngine:
     """Named async collectives over `comm`, negotiated and fused in a background thread."""
 
     def __init__(self, comm, config=None, lane: bool = False) -> None:
-        """lane: also make the C++ lane (lane.py) for callers outside Python, where the
+        """lane: also make the C++ lane (`Lane`) for callers outside Python, where the
         backend is native; its lock becomes the engine's cycle lock."""
         self._comm = comm
         self._config = config if config is not None else comm.config
         self.rank, self.size = comm.rank, comm.size
         self._cycle_s = self._config.cycle_time_ms / 1000.0
         self._lock = threading.Lock()
-        self._wake = threading.Event()  # a submission arrived
-        self._kick = threading.Event()  # someone waits on a handle: cycle now
         self._queue: list = []
         self._live: Dict[str, Request] = {}  # submitted, not finished: what _stop must fail
         self._pending: Dict[str, Request] = {}
@@ -86,17 +84,16 @@ class FusionEngine(Scheduling, LaneMixin):
         self._mark_cycles = False
         self._stopped: Optional[tuple] = None  # (error class, text, cause)
         self._cycle_no, self._synced = 0, time.perf_counter()
-        self._lane_init(make_lane(comm) if lane else None)
-        # one cycle at a time: the thread's, a driver's or the lane's
-        self._cycle_lock = self._lane.lock if self._lane is not None else threading.Lock()
-        self._cycle_owner: Optional[int] = None  # the thread ident of a driving caller
-        self._drivers = 0  # callers inside _drive: the engine's thread leaves the cycles to them
+        self._lane: Optional[Lane] = Lane.make(comm, self._cache) if lane else None
         self._cuda = False  # True once a CUDA tensor is submitted (its cycles look for them)
         self._stall = StallWatch(comm, self._config, self.rank, self.size)
         self._lane_update()
-        self._thread = threading.Thread(target=self._run, name=f"fusion-engine-r{self.rank}",
-                                        daemon=True)
-        self._thread.start()
+        self._sched = Scheduler(
+            self._guarded_cycle, self._work, self._last_synced, lambda: self._stopped is not None,
+            self.stop_timeline, cycle_s=self._cycle_s, metrics=self._metrics, rank=self.rank,
+            size=self.size,
+            cycle_lock=self._lane.lock if self._lane is not None else threading.Lock())
+        self._sched.start()
 
     # -- public API ------------------------------------------------------------
     def submit(self, name: str, kind: str, buffer=None, out=None, op=ReduceOp.SUM,
@@ -117,7 +114,7 @@ class FusionEngine(Scheduling, LaneMixin):
         if kind == "join":
             return self._submit_join()
         req = make_request(name, kind, buffer, out, op, prescale, postscale, root, splits,
-                           dtype, self.rank, self.size, self._on_wait)
+                           dtype, self.rank, self.size, self._sched.on_wait)
         if req.sig.device != "cpu":  # ordered after its producer on the caller's stream
             req.ready = self._executor.streams.ready(req.buf.flat)
             self._cuda = True
@@ -131,8 +128,8 @@ class FusionEngine(Scheduling, LaneMixin):
             self._queue.append(req)
         if lazy:
             req.handle.lazy = True
-        elif not self._wake.is_set():  # set() takes a lock and notifies: skip it in a burst
-            self._wake.set()
+        else:
+            self._sched.notify()
         return req.handle
 
     def join(self, timeout: Optional[float] = None) -> int:
@@ -147,12 +144,10 @@ class FusionEngine(Scheduling, LaneMixin):
         with self._lock:
             self._shutdown_requested = True
         self._lane_update()
-        self._wake.set()
-        if self._cycle_owner == threading.get_ident():
+        self._sched.notify()
+        if self._sched.in_own_cycle():
             return  # called inside this thread's own cycle (a signal handler): it goes out next
-        if threading.current_thread() is not self._thread:
-            self._thread.join(self._config.timeout + 5.0 if timeout is None else timeout)
-        if self._thread.is_alive():
+        if not self._sched.join(self._config.timeout + 5.0 if timeout is None else timeout):
             self._stop(CollectiveTimeout, "the fusion engine did not stop within the timeout "
                        "(a peer may be gone)", None)
         if self._lane is not None:  # before the communicator (and the lane's context) goes
@@ -166,13 +161,13 @@ class FusionEngine(Scheduling, LaneMixin):
         reduced on this rank), fused_buffers, collectives (data collectives run),
         collective_s (wall time inside them), coordination_s (wall time agreeing,
         waits for peers included) and thread_cpu_s (CPU time of the cycles, on the
-        engine's thread or a caller's).  With a lane (lane.py), its cycles count in
+        engine's thread or a caller's).  With a lane, its cycles count in
         cycles, tensors, allreduce_*, collectives and collective_s, and lane_cycles and
         lane_handovers (cycles it coordinated and the engine finished) are added.
         """
         out = dict(self._metrics)
         if self._lane is not None:
-            self._lane_metrics(out, reset)
+            self._lane.add_metrics(out, reset)
         if reset:
             for key in _METRICS:
                 self._metrics[key] = 0
@@ -196,17 +191,96 @@ class FusionEngine(Scheduling, LaneMixin):
             tl.close()
 
     @property
-    def stopped(self) -> bool:
-        return self._stopped is not None
+    def lane(self):
+        """The native lane (`_native.Lane`: `run`, `address`), or None."""
+        return self._lane.native if self._lane is not None else None
+
+    # -- the lane's callers ------------------------------------------------------
+    def lane_op(self, code: int, slot: int, name: str, src: np.ndarray, dst: np.ndarray,
+                op: ReduceOp, postscale: float = 1.0) -> None:
+        """Finish an allreduce of src into dst that `lane.run(slot, src, dst)` returned
+        `code` for: fall back to `submit` and arm the slot, finish a cycle the lane
+        handed over, or stop on the lane's error.  Raises as `wait` does."""
+        known = lane_codes()
+        if code == known["handover"]:
+            return self._lane_handover(name, src, dst, op, postscale)
+        if code == known["error"]:
+            try:
+                self._lane.raise_error()
+            except CollectiveError as exc:
+                err = type(exc)(describe(str(exc), rank=self.rank, size=self.size, op="allreduce",
+                                         tensor=f"'{name}'"))
+                self._stop(type(exc), f"the fusion engine stopped after a failure: "
+                           f"{type(exc).__name__}: {err}", exc)
+                raise err from exc
+        gen = self._lane.generation if self._lane is not None else 0
+        handle = self.submit(name, "allreduce", src, out=dst, op=op, postscale=postscale, lazy=True)
+        handle.wait()
+        if self._lane is not None:
+            self._lane.arm(slot, name, src, op, postscale, gen, self.size)
+
+    def _lane_handover(self, name: str, src, dst, op: ReduceOp, postscale: float) -> None:
+        """This thread holds the cycle lock, taken by the lane, which coordinated: enter
+        the op as a pending request, finish the cycle from the summed vector, wait."""
+        t0 = time.perf_counter()
+        with self._sched.handed_cycle():
+            try:
+                req = make_request(name, "allreduce", src, dst, op, 1.0, postscale, 0, None, None,
+                                   self.rank, self.size, self._sched.on_wait)
+            except Exception as exc:  # the peers are inside this cycle: leave it stopped, not half-done
+                self._stop(CollectiveError, f"the fusion engine stopped after a failure: "
+                           f"{type(exc).__name__}: {exc}", exc)
+                raise
+            req.announced = True  # cached: the lane set its bit
+            with self._lock:
+                self._raise_if_stopped("allreduce", req.sig.tensor())
+                self._live[name] = req
+            self._pending[name] = req
+            self._cycle_no += 1
+            self._metrics["lane_handovers"] += 1
+            vec = self._lane.result()
+            self._guarded_cycle(body=lambda: self._cycle_rest(vec, b"", t0))
+        req.handle.lazy = True
+        req.handle.wait()
+
+    def _lane_update(self) -> None:
+        """The lane runs only while the engine would contribute its plain vector."""
+        if self._lane is not None:
+            self._lane.set_enabled(not (self._joined or self._shutdown_requested or self._stopped
+                                        or self._executor.timeline is not None))
+
+    # -- what the scheduler runs and asks ----------------------------------------
+    def _guarded_cycle(self, reraise_interrupts: bool = False, body=None) -> None:
+        """Run one cycle (or `body`, the rest of one the lane handed over); a failure
+        stops the engine."""
+        try:
+            (body or self._cycle)()
+        except BaseException as exc:  # the cause goes to every waiting handle
+            log.debug("fusion engine on rank %d stopped: %r", self.rank, exc)
+            cls = type(exc) if isinstance(exc, CollectiveError) else CollectiveError
+            self._stop(cls, f"the fusion engine stopped after a failure: {type(exc).__name__}: {exc}",
+                       exc)
+            if reraise_interrupts and not isinstance(exc, Exception):
+                raise
+
+    def _work(self) -> tuple:
+        """(queued submissions, pending requests, joined or shutting down)."""
+        return bool(self._queue), bool(self._pending), self._joined or self._shutdown_requested
+
+    def _last_synced(self) -> float:
+        """When this rank's last coordination ended (Python's cycles or the lane's)."""
+        if self._lane is None:
+            return self._synced
+        return max(self._synced, self._lane.synced)
 
     # -- submission side -------------------------------------------------------
     def _submit_join(self) -> Handle:
-        handle = Handle("join", "join", self.rank, self.size, None, self._on_wait)
+        handle = Handle("join", "join", self.rank, self.size, None, self._sched.on_wait)
         with self._lock:
             self._raise_if_stopped("join", "join")
             self._queue.append(handle)
             self._live_joins.append(handle)
-        self._wake.set()
+        self._sched.notify()
         return handle
 
     def _raise_if_stopped(self, kind: str, tensor: str) -> None:
@@ -221,7 +295,7 @@ class FusionEngine(Scheduling, LaneMixin):
         if self._mark_cycles and tl is not None:
             tl.mark("CYCLE_START", t0)
         if self._lane is not None:
-            self._lane_sync()
+            self._lane.sync()
         self._drain()
         if self.size == 1:
             return self._cycle_alone(t0)
@@ -239,7 +313,7 @@ class FusionEngine(Scheduling, LaneMixin):
         if res.negotiate or res.joined != self._last_joined:
             errors = self._negotiate(payload, res, ready)
             if self._lane is not None:
-                self._lane_cache_changed()
+                self._lane.cache_changed()
         self._last_joined = res.joined
         t1 = time.perf_counter()
         self._metrics["cycles"] += 1

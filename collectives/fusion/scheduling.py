@@ -1,54 +1,94 @@
-"""Who runs the fusion engine's cycles, and when (a mixin of FusionEngine).
+"""Who runs the fusion engine's cycles, and when: the Scheduler.
 
 A rank that holds no pending work sleeps until a local submission (or a
 heartbeat, IDLE_S after its last cycle, so that stall reports and shutdowns
 still get through), then gives a burst of submissions one cycle time to
-gather before it coordinates; a rank that holds pending work cycles every
-cycle time, counted from the end of the last coordination so the ranks stay
-in step.
-
-*Caller-driven cycles.*  A synchronous op (`submit(..., lazy=True)`, then
-`wait()`) leaves the engine's thread asleep: its caller has nothing more to
-submit for now, so it runs the cycles itself, on its own thread, while no
-other cycle runs, until its handle is done (the engine's thread and every
-driver take one cycle lock, so cycles stay serial and in one order on each
-rank).  That saves two thread wake-ups per op, which in a training step cost
-more than the cycle itself.  Asynchronous submissions wake the engine's
-thread, which runs their cycles while the caller goes on (overlap), and a
-wait on them only kicks it: two agents taking turns at the cycles cost more
-than either.  A wait with a timeout also stays with the engine's thread.
-CUDA ops run the same on either thread: on the engine stream, ordered after
-their producers and before their consumers by events (_streams.py).
+gather; a rank that holds pending work cycles every cycle time, counted from
+the end of the last coordination so the ranks stay in step.  A synchronous op
+(`submit(..., lazy=True)`, then `wait()`) leaves the thread asleep and its
+caller *drives* the cycles on its own thread until its handle is done; every
+agent takes the one cycle lock, so cycles stay serial and in one order on each
+rank.  Why, in the architecture notes (Fusion engine, Who runs the cycles).
 """
 from __future__ import annotations
 
-import logging
+import contextlib
 import sys
 import threading
 import time
-from typing import Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 
-from ..errors import CollectiveError, describe
+from ..errors import describe
 
-__all__ = ["IDLE_S", "Scheduling"]
-
-log = logging.getLogger("collectives.fusion")
+__all__ = ["IDLE_S", "Scheduler"]
 
 IDLE_S = 0.02
 
+Work = Tuple[bool, bool, bool]  # (queued submissions, pending requests, joined or shutting down)
 
-class Scheduling:
-    """The cycles' agents: the engine's thread (`_run`) and waiting callers (`_drive`).
 
-    Uses the engine's state: its locks and events, queue, pending table,
-    `_cycle`, `_stop` and metrics (engine.py)."""
+class Scheduler:
+    """The cycles' agents: the engine's thread and waiting callers.
+
+    It owns the thread, the wake and kick events and the cycle lock.  What it
+    needs from the engine is five callables: `cycle(reraise_interrupts)` runs one
+    cycle (a failure stops the engine), `work()` says what the engine holds,
+    `last_synced()` when its last coordination ended, `stopped()` whether it has
+    stopped, and `on_exit()` runs when the thread ends.
+    """
+
+    def __init__(self, cycle: Callable[[bool], None], work: Callable[[], Work],
+                 last_synced: Callable[[], float], stopped: Callable[[], bool],
+                 on_exit: Callable[[], None], *, cycle_lock, cycle_s: float,
+                 metrics: Dict[str, float], rank: int, size: int) -> None:
+        self._cycle, self._work, self._last_synced = cycle, work, last_synced
+        self._stopped, self._on_exit = stopped, on_exit
+        self.cycle_lock = cycle_lock  # one cycle at a time: the thread's, a driver's or the lane's
+        self._cycle_s, self._metrics, self.rank, self.size = cycle_s, metrics, rank, size
+        self._wake = threading.Event()  # a submission arrived
+        self._kick = threading.Event()  # someone waits on a handle: cycle now
+        self._count_lock = threading.Lock()
+        self._drivers = 0  # callers inside drive(): the thread leaves the cycles to them
+        self.owner: Optional[int] = None  # the thread ident of a cycle outside the thread
+        self._thread = threading.Thread(target=self._run, name=f"fusion-engine-r{rank}",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def notify(self) -> None:
+        """A submission arrived (set() takes a lock and notifies: skip it in a burst)."""
+        if not self._wake.is_set():
+            self._wake.set()
+
+    def in_own_cycle(self) -> bool:
+        """Whether this thread is inside a cycle it runs outside the engine's thread."""
+        return self.owner == threading.get_ident()
+
+    def join(self, timeout: float) -> bool:
+        """Wait for the engine's thread to end; returns whether it did."""
+        self._wake.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    @contextlib.contextmanager
+    def handed_cycle(self):
+        """This thread holds the cycle lock, taken outside Python (the lane's handover):
+        finish the cycle as its owner, then release the lock."""
+        self.owner = threading.get_ident()
+        try:
+            yield
+        finally:
+            self.owner = None
+            self.cycle_lock.release()
 
     # -- waiting on a handle -----------------------------------------------------
-    def _on_wait(self, handle, timeout: Optional[float]) -> None:
+    def on_wait(self, handle, timeout: Optional[float]) -> None:
         """A caller starts waiting on `handle`: run the cycles here, or wake the thread."""
-        if self._cycle_owner == threading.get_ident():
+        if self.in_own_cycle():
             raise RuntimeError(describe(
                 f"{handle.kind} '{handle.name}' was waited for inside this thread's own fusion "
                 "cycle, which can't end before it (a signal handler that runs a collective?)",
@@ -62,14 +102,15 @@ class Scheduling:
 
     def _drive(self, handle) -> None:
         """Cycle on this thread until `handle` is done, while no other cycle runs."""
-        with self._lock:
+        with self._count_lock:
             self._drivers += 1
         try:
             self._drive_cycles(handle)
         finally:
-            with self._lock:
+            with self._count_lock:
                 self._drivers -= 1
-            if self._queue or self._pending:  # others' work is left: the thread takes over
+            queued, pending, _ = self._work()
+            if queued or pending:  # others' work is left: the thread takes over
                 self._kick.set()
 
     def _drive_cycles(self, handle) -> None:
@@ -77,11 +118,11 @@ class Scheduling:
             with _CallerCycle(self) as cycle:
                 if not cycle.entered:
                     return  # the engine's thread is cycling: it finishes the handle
-                if self._stopped is not None or handle._done:
+                if self._stopped() or handle._done:
                     return
                 cpu = time.thread_time()
                 self._metrics["caller_cycles"] += 1
-                self._guarded_cycle(reraise_interrupts=True)
+                self._cycle(True)
                 self._metrics["thread_cpu_s"] += time.thread_time() - cpu
             if not handle._done:  # some rank has not submitted it yet: pace like the thread
                 delay = self._cycle_s - (time.perf_counter() - self._last_synced())
@@ -91,32 +132,20 @@ class Scheduling:
     # -- the engine's thread ---------------------------------------------------
     def _run(self) -> None:
         try:
-            while self._stopped is None:
+            while not self._stopped():
                 kicked = self._wait()
-                with self._cycle_lock:
-                    if self._stopped is not None:
+                with self.cycle_lock:
+                    if self._stopped():
                         break
                     due = self._due(kicked)
                     if due:
                         cpu = time.thread_time()
-                        self._guarded_cycle()
+                        self._cycle(False)
                         self._metrics["thread_cpu_s"] += time.thread_time() - cpu
                 if not due and self._drivers:
                     self._kick.wait(IDLE_S)  # until a driver hands over (or a waiter kicks)
         finally:
-            self.stop_timeline()
-
-    def _guarded_cycle(self, reraise_interrupts: bool = False, body=None) -> None:
-        """Run one cycle (or `body`, the rest of one: lane.py); a failure stops the engine."""
-        try:
-            (body or self._cycle)()
-        except BaseException as exc:  # the cause goes to every waiting handle
-            log.debug("fusion engine on rank %d stopped: %r", self.rank, exc)
-            cls = type(exc) if isinstance(exc, CollectiveError) else CollectiveError
-            self._stop(cls, f"the fusion engine stopped after a failure: {type(exc).__name__}: {exc}",
-                       exc)
-            if reraise_interrupts and not isinstance(exc, Exception):
-                raise
+            self._on_exit()
 
     def _due(self, kicked: bool) -> bool:
         """Whether the engine's thread should cycle now: not while a caller drives; new
@@ -125,10 +154,11 @@ class Scheduling:
         heartbeat, IDLE_S without a cycle."""
         if self._drivers:
             return False  # a waiting caller cycles (and so heartbeats) meanwhile
-        if self._queue or self._joined or self._shutdown_requested:
+        queued, pending, busy = self._work()
+        if queued or busy:
             return True
         since = time.perf_counter() - self._last_synced()
-        if self._pending:
+        if pending:
             return kicked or since >= self._cycle_s
         return since >= IDLE_S
 
@@ -140,7 +170,8 @@ class Scheduling:
         rank's submission), so only the ranks with pending work keep cycling; the
         others join them as soon as they submit, or at the heartbeat.
         """
-        if self._pending or self._joined or self._shutdown_requested:
+        _, pending, busy = self._work()
+        if pending or busy:
             # Counted from the end of the last coordination, which every rank left at
             # nearly the same moment: the ranks' cycles stay in step and nobody spins
             # long in the next coordination waiting for a peer.
@@ -150,9 +181,9 @@ class Scheduling:
         else:
             self._wake.clear()
             idle = IDLE_S - (time.perf_counter() - self._last_synced())  # callers' cycles count too
-            # (a caller may have drained the queue into _pending meanwhile: look again)
-            if not (self._queue or self._pending) and self._wake.wait(max(idle, 0.0)) and \
-                    self._cycle_s > 0:
+            # (a caller may have drained the queue into the pending set meanwhile: look again)
+            queued, pending, _ = self._work()
+            if not (queued or pending) and self._wake.wait(max(idle, 0.0)) and self._cycle_s > 0:
                 self._kick.wait(self._cycle_s)  # let a burst of submissions gather
         kicked = self._kick.is_set()
         self._kick.clear()
@@ -168,16 +199,16 @@ class _CallerCycle:
     (a signal handler that runs a collective) fails instead of deadlocking.
     """
 
-    __slots__ = ("_engine", "entered", "_undo")
+    __slots__ = ("_sched", "entered", "_undo")
 
-    def __init__(self, engine: Scheduling) -> None:
-        self._engine, self.entered, self._undo = engine, False, []
+    def __init__(self, sched: Scheduler) -> None:
+        self._sched, self.entered, self._undo = sched, False, []
 
     def __enter__(self) -> "_CallerCycle":
-        self.entered = self._engine._cycle_lock.acquire(blocking=False)
+        self.entered = self._sched.cycle_lock.acquire(blocking=False)
         if not self.entered:
             return self
-        self._engine._cycle_owner = threading.get_ident()
+        self._sched.owner = threading.get_ident()
         if np.geterr() != _NUMPY_DEFAULT_ERR:
             self._undo.append(np.errstate(**_NUMPY_DEFAULT_ERR))
         torch = sys.modules.get("torch")
@@ -194,8 +225,8 @@ class _CallerCycle:
             for ctx in reversed(self._undo):
                 ctx.__exit__(None, None, None)
         finally:
-            self._engine._cycle_owner = None
-            self._engine._cycle_lock.release()
+            self._sched.owner = None
+            self._sched.cycle_lock.release()
 
 
 _NUMPY_DEFAULT_ERR = {"divide": "warn", "over": "warn", "under": "ignore", "invalid": "warn"}

@@ -45,9 +45,6 @@ class MessageTable:
         self._entries.setdefault(sig.name, {})[rank] = sig
         return None
 
-    def ranks_of(self, name: str) -> List[int]:
-        return sorted(self._entries.get(name, {}))
-
     def drop(self, name: str) -> None:
         self._entries.pop(name, None)
 

@@ -3,7 +3,7 @@ an allreduce inside a tf.function.
 
 `tf.numpy_function` costs about 0.3 ms of a training step before our kernel runs
 (TensorFlow's py_func machinery and cold Python), and the engine's Python as much
-again.  This op calls the engine's lane (collectives/fusion/lane.py) from C++: once
+again.  This op calls the engine's lane (`collectives.fusion.lane`) from C++: once
 the engine has run the op and armed its slot, a step's gradient allreduce is the
 lane's coordination allreduce and data allreduce, with no Python.  Anything else
 (the first run, a cycle the engine must finish, an error) calls back into Python,
@@ -32,6 +32,7 @@ from typing import Optional
 import numpy as np
 
 from collectives import ReduceOp
+from collectives.fusion import lane as fusion_lane
 
 from . import _basics
 from .._job.settings import CACHE, TF_LANE
@@ -127,11 +128,9 @@ def _bind(engine) -> None:
     address = lane.address if lane is not None else None
     if _bound[0] == address:
         return
-    from collectives import _native
-
     if lane is not None:
         _engines[address] = engine
-    _state["cdll"].hvs_tf_bind(_native.LANE_RUN, address, ctypes.cast(_callback, ctypes.c_void_p))
+    _state["cdll"].hvs_tf_bind(fusion_lane.run_address(), address, ctypes.cast(_callback, ctypes.c_void_p))
     _bound[0] = address
 
 
@@ -143,12 +142,11 @@ def _array(address: int, nbytes: int, dtype: np.dtype) -> np.ndarray:
 
 @_CALLBACK_T
 def _callback(code, lane, slot, src, dst, nbytes, err, errlen):
-    """Every run the lane did not finish: through the engine (lane.py: lane_op)."""
+    """Every run the lane did not finish: through the engine (`FusionEngine.lane_op`)."""
     try:
         name, op, post, dtype = _slots[slot]
-        from collectives import _native
-
-        if code in (_native.LANE_CODES["handover"], _native.LANE_CODES["error"]):
+        codes = fusion_lane.codes()
+        if code in (codes["handover"], codes["error"]):
             engine = _engines[lane]  # the engine whose lane holds the cycle
         else:
             engine = _basics.engine()
