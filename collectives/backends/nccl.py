@@ -288,10 +288,6 @@ class NcclBackend(Backend):
         self._enqueue("broadcast", _tensor(dtype, b.count), stream,
                       lambda: self._run_plan(calls, b, b, ntype, 0, stream))
 
-    def broadcast_tensor(self, buf, dtype: DType, root: int, stream: Optional[int] = None):
-        self.broadcast(buf, dtype, root, stream)
-        return buf
-
     def reducescatter(self, src, dst, dtype: DType, op: ReduceOp, counts: Sequence[int],
                       stream: Optional[int] = None) -> None:
         s, d = self._buf(src, dtype, "reducescatter input"), self._buf(dst, dtype, "reducescatter output")

@@ -11,9 +11,7 @@ so nothing is ever left behind.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
-import signal
 import subprocess
 import sys
 import uuid
@@ -22,18 +20,13 @@ from typing import Optional, Sequence
 import cloudpickle
 
 from ..rendezvous import auth
-from .procs import RankFailed, RankGroup, finish_grace
+from .procs import RankFailed, RankGroup, die_with_parent, finish_grace
 from .rankenv import RankEnv, rank_envs
 from ..rendezvous.store import TCPStore
 
 __all__ = ["run_local", "RankFailed", "RankEnv", "main"]
 
 
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def _driver_path(existing: str) -> str:
@@ -59,7 +52,7 @@ def start_ranks(cmd: Sequence[str], np_: int, env: Optional[dict] = None, hosts=
         child_env.update(renv.to_environ())
         procs.append(subprocess.Popen(list(cmd), env=child_env, stdin=subprocess.DEVNULL,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      start_new_session=True, preexec_fn=_die_with_parent))
+                                      start_new_session=True, preexec_fn=die_with_parent))
     group = RankGroup(procs, server, job, stdout or sys.stdout, stderr or sys.stderr, prefix_output)
     return group, server
 

@@ -9,6 +9,7 @@ others have a *finish grace* to return too; a rank still running after it
 from __future__ import annotations
 
 import collections
+import ctypes
 import dataclasses
 import os
 import signal
@@ -21,7 +22,8 @@ import cloudpickle
 from .. import settings
 from .record import Failure, RankResult, failure_text, root_cause, signal_name
 
-__all__ = ["RankFailed", "RankGroup", "finish_grace", "unfinished_text", "FINISH_GRACE"]
+__all__ = ["RankFailed", "RankGroup", "die_with_parent", "pump", "finish_grace", "unfinished_text",
+           "FINISH_GRACE"]
 
 GRACE = 1.0
 TAIL = 20
@@ -42,6 +44,29 @@ def unfinished_text(returned: int, running: list, grace: float) -> str:
             "frozen, or running steps the others do not; every rank must run the same number "
             "of steps, or use hvd.join() (HOROVOD_SPARK_FINISH_GRACE_SECONDS sets this grace; "
             "0 waits for ever)")
+
+
+PR_SET_PDEATHSIG = 1
+
+try:
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork, not in the child
+except (OSError, AttributeError):  # not Linux
+    _PRCTL = None
+
+
+def die_with_parent() -> None:
+    """PR_SET_PDEATHSIG(SIGKILL): this process dies with the thread that forked it (a
+    preexec_fn, or a forked child's first call; nothing where prctl is missing)."""
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def pump(pipe, on_line) -> None:
+    """Hand every line of a child's output pipe (decoded, newline kept) to `on_line`
+    until the child closes it; then close the pipe."""
+    for raw in iter(pipe.readline, b""):
+        on_line(raw.decode("utf-8", "replace"))
+    pipe.close()
 
 
 class RankFailed(RuntimeError):
@@ -87,18 +112,16 @@ class RankFailed(RuntimeError):
             return None
 
 
-def _pump(pipe, rank: int, label: str, sink, tail) -> None:
-    for raw in iter(pipe.readline, b""):
-        line = raw.decode("utf-8", "replace")
+def _forward(rank: int, label: str, sink, tail):
+    """The pump's callback for one rank's stream: keep the tail, write to the sink."""
+    def on_line(line: str) -> None:
         tail.append(f"{label}: {line.rstrip()}")
-        if sink is None:
-            continue
         try:  # a broken log channel never fails the job
             sink.write(f"[{rank}]<{label}>:{line}" if sink.prefix else line)
             sink.flush()
         except Exception:
             pass
-    pipe.close()
+    return on_line
 
 
 class _Sink:
@@ -119,8 +142,8 @@ class RankGroup:
         self._pumps = []
         for r, p in enumerate(procs):
             for pipe, label, stream in ((p.stdout, "stdout", stdout), (p.stderr, "stderr", stderr)):
-                t = threading.Thread(target=_pump, daemon=True,
-                                     args=(pipe, r, label, _Sink(stream, prefix_output), self.tails[r]))
+                on_line = _forward(r, label, _Sink(stream, prefix_output), self.tails[r])
+                t = threading.Thread(target=pump, args=(pipe, on_line), daemon=True)
                 t.start()
                 self._pumps.append(t)
 

@@ -35,7 +35,6 @@ the preload list: the owner never preloads TensorFlow, Keras or JAX.
 """
 from __future__ import annotations
 
-import ctypes
 import importlib
 import json
 import os
@@ -47,20 +46,9 @@ import time
 import traceback
 
 from ..settings import ZYGOTE_IDLE_S
+from .procs import die_with_parent
 
-PR_SET_PDEATHSIG = 1
 MAX_PACKET = 1 << 20
-
-try:
-    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):  # not Linux
-    _PRCTL = None
-
-
-def die_with_parent() -> None:
-    """PR_SET_PDEATHSIG(SIGKILL): this process dies with the thread that forked it."""
-    if _PRCTL is not None:
-        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def returncode(status: int) -> int:

@@ -1,5 +1,5 @@
 """How ranks find each other: the authenticated store, the handshake, the mesh."""
 from .auth import new_secret
-from .store import InMemoryStore, PrefixStore, Store, StoreServer, TCPStore
+from .store import InMemoryStore, Store, StoreServer, TCPStore
 
-__all__ = ["Store", "InMemoryStore", "PrefixStore", "TCPStore", "StoreServer", "new_secret"]
+__all__ = ["Store", "InMemoryStore", "TCPStore", "StoreServer", "new_secret"]

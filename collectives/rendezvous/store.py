@@ -24,13 +24,13 @@ import socket
 import struct
 import threading
 import time
-from typing import Callable, Iterable, Optional
+from typing import Iterable, Optional
 
 from . import auth
 from .accept import AcceptGate, accept_loop
 from ..errors import AuthenticationError, CollectiveError, CollectiveTimeout, PeerLostError, describe
 
-__all__ = ["Store", "InMemoryStore", "PrefixStore", "TCPStore", "StoreServer"]
+__all__ = ["Store", "InMemoryStore", "TCPStore", "StoreServer"]
 
 _SET, _GET, _ADD, _DEL, _CHECK = 1, 2, 3, 4, 5
 _OK, _TIMEOUT, _ERROR = 0, 1, 2
@@ -109,31 +109,6 @@ class InMemoryStore(Store):
             self._cond.notify_all()
 
 
-class PrefixStore(Store):
-    """Keys of one job and attempt: every key is `prefix/key`."""
-
-    def __init__(self, prefix: str, store: Store) -> None:
-        self.prefix, self.store = prefix.rstrip("/"), store
-
-    def _k(self, key):
-        return f"{self.prefix}/{key}"
-
-    def set(self, key, value):
-        self.store.set(self._k(key), value)
-
-    def get(self, key, timeout=None):
-        return self.store.get(self._k(key), timeout)
-
-    def add(self, key, amount):
-        return self.store.add(self._k(key), amount)
-
-    def delete(self, key):
-        self.store.delete(self._k(key))
-
-    def check(self, key):
-        return self.store.check(self._k(key))
-
-
 def _send_frame(sock, head: bytes, key: bytes, value: bytes) -> None:
     sock.sendall(head + struct.pack(">I", len(key)) + key + struct.pack(">Q", len(value)))
     if value:
@@ -143,10 +118,9 @@ def _send_frame(sock, head: bytes, key: bytes, value: bytes) -> None:
 class StoreServer(InMemoryStore):
     """The store itself, plus a thread that serves it over authenticated TCP."""
 
-    def __init__(self, bind: str, port: int, secret: bytes,
-                 on_set: Optional[Callable[[str, bytes], None]] = None) -> None:
+    def __init__(self, bind: str, port: int, secret: bytes) -> None:
         super().__init__()
-        self._secret, self._on_set = secret, on_set
+        self._secret = secret
         self._listener = socket.create_server((bind, port), backlog=128)
         self.address = "%s:%d" % self._listener.getsockname()[:2]
         self.rejected = 0  # connections dropped for failing the handshake
@@ -228,8 +202,6 @@ class StoreServer(InMemoryStore):
         try:
             if cmd == _SET:
                 self.set(key, value)
-                if self._on_set is not None:
-                    self._on_set(key, value)
                 return _OK, b""
             if cmd == _GET:
                 ms = struct.unpack(">q", value)[0]
@@ -275,11 +247,10 @@ class TCPStore(Store):
         self._lock = threading.Lock()
 
     @staticmethod
-    def serve(bind: str = "127.0.0.1", secret: bytes = b"", port: int = 0,
-              on_set: Optional[Callable[[str, bytes], None]] = None) -> StoreServer:
+    def serve(bind: str = "127.0.0.1", secret: bytes = b"", port: int = 0) -> StoreServer:
         if not secret:
             raise ValueError("TCPStore.serve needs the job secret (32 random bytes)")
-        return StoreServer(bind, port, secret, on_set)
+        return StoreServer(bind, port, secret)
 
     @classmethod
     def connect(cls, address: str, secret: bytes, timeout: float = 60.0) -> "TCPStore":

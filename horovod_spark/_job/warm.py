@@ -41,7 +41,8 @@ import subprocess
 import threading
 from typing import Mapping, Optional
 
-from collectives.launch.zygote import MAX_PACKET, die_with_parent
+from collectives.launch.procs import die_with_parent
+from collectives.launch.zygote import MAX_PACKET
 
 __all__ = ["spawn", "learn", "shutdown", "WarmChild", "REPORT"]
 

@@ -8,7 +8,7 @@ import pytest
 
 from collectives.rendezvous import auth
 from collectives.errors import AuthenticationError, CollectiveTimeout
-from collectives.rendezvous.store import InMemoryStore, PrefixStore, TCPStore
+from collectives.rendezvous.store import TCPStore
 
 SECRET = b"s" * 32
 
@@ -95,15 +95,6 @@ def test_handshake_for_one_service_is_not_accepted_by_another():
         auth.server_handshake(a, SECRET, "store", timeout=5)
     a.close()
     t.join()
-
-
-def test_prefix_store_isolates_jobs():
-    base = InMemoryStore()
-    one, two = PrefixStore("job1", base), PrefixStore("job2", base)
-    one.set("k", b"1")
-    two.set("k", b"2")
-    assert one.get("k") == b"1" and two.get("k") == b"2"
-    assert base.get("job1/k") == b"1"
 
 
 def test_server_binds_only_to_the_given_address(server):
