@@ -25,6 +25,8 @@ import collectives
 from collectives.fusion import FusionEngine
 from collectives.logs import apply_log_level
 
+from . import progress
+
 __all__ = ["HorovodState", "gpu_ordinal", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built",
            "ddl_built", "ccl_built"]
 
@@ -52,7 +54,7 @@ class HorovodState:
         package: the adapter's public name, for the not-initialized message.
         module: the module whose `STATE` is this object (what pickles refer to).
         on_init: called under the lock when init() has made a new communicator.
-        lane: give the engine its C++ lane (collectives/fusion/lane.py), for an adapter
+        lane: give the engine its C++ lane (`collectives.fusion.lane.Lane`), for an adapter
             whose ops call it from C++ (TensorFlow's).
     """
 
@@ -63,6 +65,7 @@ class HorovodState:
         self._comm: Optional[collectives.Communicator] = None
         self._engine: Optional[FusionEngine] = None
         atexit.register(self.shutdown)
+        progress.add_engine_source(self.collective_seconds)
 
     def __reduce__(self):
         return _state_of, (self.module,)
@@ -112,6 +115,11 @@ class HorovodState:
 
     def is_initialized(self) -> bool:
         return self._comm is not None
+
+    def collective_seconds(self) -> Optional[float]:
+        """Seconds the engine has spent inside collectives, or None before init()."""
+        eng = self._engine
+        return None if eng is None else float(eng.metrics().get("collective_s", 0.0))
 
     def communicator(self) -> collectives.Communicator:
         """The communicator, or ValueError when init() has not been called."""

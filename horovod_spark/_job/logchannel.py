@@ -44,6 +44,7 @@ from typing import Callable, Optional
 
 from collectives.rendezvous.accept import AcceptGate, accept_loop
 
+from ..progress.marks import CALLBACK_MARK  # a line a rank wrote with `log_to_driver`
 from .settings import LOG_CALLBACK
 
 __all__ = ["LogServer", "LogClient", "LineSink", "log_to_driver", "forward_warnings",
@@ -58,8 +59,6 @@ MAX_LINE = 64 * 1024
 LINE_WAIT_S = 30.0
 #: Characters of a failure record's message and traceback that travel on the channel.
 _MAX_FIELD = 200 * 1024
-#: Prefix of a line a rank wrote with `log_to_driver`; the task strips it.
-CALLBACK_MARK = "\x1ehvs-log\x1e"
 _MARKER = "HVS-FAILURE:"
 _marks: dict = {}
 _MARKER_RE = re.compile(re.escape(_MARKER) + r"([A-Za-z0-9+/=]+)")

@@ -3,7 +3,8 @@
 `report(...)` on the ranks; the driver's `Display` renders the bar.
 """
 from .display import Display
-from .rank import ENABLED, PROGRESS_MARK, FitTracked, Tracked, keras_callback, report
+from .marks import ENABLED, PROGRESS_MARK
+from .rank import Tracked, add_engine_source, count_steps_of, keras_callback, report
 
-__all__ = ["report", "keras_callback", "Display", "Tracked", "FitTracked", "PROGRESS_MARK",
-           "ENABLED"]
+__all__ = ["report", "keras_callback", "Display", "Tracked", "PROGRESS_MARK", "ENABLED",
+           "add_engine_source", "count_steps_of"]

@@ -17,7 +17,7 @@ import sys
 import threading
 from typing import Any
 
-from .rank import PROGRESS_MARK, WINDOW, _CALLBACK_MARK, _POSITION, ENABLED
+from .marks import CALLBACK_MARK, ENABLED, POSITION, PROGRESS_MARK, WINDOW
 
 __all__ = ["Display"]
 
@@ -38,7 +38,7 @@ def _bar_class():
 def _valid(rec: Any) -> bool:
     if not isinstance(rec, dict) or not isinstance(rec.get("rank"), int) or rec["rank"] < 0:
         return False
-    for key in ("t", "done", "samples", "allreduce_s") + _POSITION:
+    for key in ("t", "done", "samples", "allreduce_s") + POSITION:
         v = rec.get(key, 0)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             return False
@@ -181,7 +181,7 @@ def _window_rates(recent) -> tuple:
 
 def _position(rec: dict, desc: str) -> tuple:
     """(bar total, bar position, label) from the lead rank's record."""
-    epoch, epochs, step, steps = (rec.get(k) for k in _POSITION)
+    epoch, epochs, step, steps = (rec.get(k) for k in POSITION)
     if epoch is not None:
         desc = f"epoch {epoch + 1}" + (f"/{epochs}" if epochs else "")
     if steps and epochs and epoch is not None:
@@ -204,7 +204,7 @@ class _RoutingStream:
         if PROGRESS_MARK in text:
             head, _, rest = text.partition(PROGRESS_MARK)
             self.display.feed_line(rest.strip())
-            label, own = _LABEL.match(head.replace(_CALLBACK_MARK, "")).groups()
+            label, own = _LABEL.match(head.replace(CALLBACK_MARK, "")).groups()
             if not own.strip():
                 return len(text)
             text = (label or "") + own + "\n"  # the start of a line the rank left unfinished

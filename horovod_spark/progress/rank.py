@@ -17,7 +17,9 @@ progress (HVS_PROGRESS=1 in the rank environment: verbose >= 1), so a plain
 job's function on the ranks: when that function never calls `report`, a hook
 on every `hvd.DistributedOptimizer` step (torch's global optimizer step hook)
 counts the steps, and the fusion engine's metrics give the seconds inside
-allreduce; `FitTracked` adds the estimator's batch size and steps per epoch.
+allreduce.  The adapters tell this module what it needs of them: each
+registers the seconds its engine spends in collectives (`add_engine_source`),
+and torch's adapter its optimizer class (`count_steps_of`).
 `keras_callback()` reports the batches of a Keras `model.fit`.
 
 Driver side.  A `Display` sits in front of the stream the rank lines are
@@ -38,21 +40,15 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional
 
 from .._job.settings import LOG_CALLBACK, PROGRESS
+from .marks import CALLBACK_MARK, ENABLED, PROGRESS_MARK
 
-__all__ = ["report", "keras_callback", "Tracked", "FitTracked", "PROGRESS_MARK",
-           "ENABLED"]
+__all__ = ["report", "keras_callback", "Tracked", "PROGRESS_MARK", "ENABLED",
+           "add_engine_source", "count_steps_of"]
 
-#: Starts a record.  STX, not a character str.splitlines() breaks at (as it does at \x1e).
-PROGRESS_MARK = "\x02hvs-progress\x02"
-#: What a job adds to its ranks' environment to turn records on.
-ENABLED = (("HVS_PROGRESS", "1"),)
 MIN_INTERVAL = 0.25   # seconds between two records of one rank (epoch ends excepted)
-WINDOW = 5.0          # seconds of records the rates are computed over
-_CALLBACK_MARK = "\x1ehvs-log\x1e"  # horovod_spark._job.logchannel.CALLBACK_MARK (kept import-free)
-_POSITION = ("epoch", "epochs", "step", "steps")
 
 
 # --------------------------------------------------------------------------- rank side
@@ -63,7 +59,7 @@ class _Totals:
     def __init__(self) -> None:
         # the rank's edge for progress: the driver's switches, read once per process
         self.on = PROGRESS.read()
-        self.lead = _CALLBACK_MARK if LOG_CALLBACK.read() else ""
+        self.lead = CALLBACK_MARK if LOG_CALLBACK.read() else ""
         self.lock = threading.Lock()
         self.rank = int(os.environ.get("HVS_RANK", "0") or 0)
         self.t0 = time.monotonic()
@@ -72,10 +68,6 @@ class _Totals:
         self.loss: Optional[float] = None
         self.emitted = -math.inf
         self.explicit = False          # report() was called: the step hook stands aside
-        self.samples_per_step = 0      # the hook's samples per optimizer step (FitTracked)
-        self.batch_size = 0            # samples per batch (FitTracked), for keras_callback
-        self.steps_per_epoch: Optional[int] = None
-        self.epochs: Optional[int] = None
         self._engine_seen = 0.0        # the engine's collective_s when last read
 
 
@@ -92,18 +84,33 @@ def _rank_totals() -> Optional[_Totals]:
         return _totals if _totals.on else None
 
 
-_ENGINES = ("horovod_spark.torch._state", "horovod_spark.tensorflow._basics")
+_ENGINE_SOURCES: List[Callable[[], Optional[float]]] = []
+_STEPPED: list = []  # optimizer classes whose steps the hook counts
+
+
+def add_engine_source(seconds: Callable[[], Optional[float]]) -> None:
+    """Register an adapter's engine: `seconds()` is the time it has spent in collectives
+    so far, or None while it is not initialized.  The first initialized one counts."""
+    _ENGINE_SOURCES.append(seconds)
+
+
+def count_steps_of(cls: type) -> None:
+    """Count every step of an optimizer of class `cls` (the torch adapter's
+    DistributedOptimizer) as a training step, unless the job calls report()."""
+    _STEPPED.append(cls)
 
 
 def _engine_seconds(s: _Totals) -> float:
     """Seconds the torch or tensorflow adapter's engine spent in collectives since the last call."""
-    state = next((m for m in map(sys.modules.get, _ENGINES)
-                  if m is not None and m.is_initialized()), None)
-    if state is None:
-        return 0.0
-    try:
-        now = float(state.engine().metrics().get("collective_s", 0.0))
-    except Exception:  # shut down between the check and the read
+    now = None
+    for seconds in list(_ENGINE_SOURCES):
+        try:
+            now = seconds()
+        except Exception:  # shut down between the check and the read
+            return 0.0
+        if now is not None:
+            break
+    if now is None:
         return 0.0
     delta = now - s._engine_seen if now >= s._engine_seen else now  # a metrics reset
     s._engine_seen = now
@@ -204,8 +211,7 @@ def report(*, epoch: Optional[int] = None, step: Optional[int] = None,
 
 
 def _is_distributed(optimizer) -> bool:
-    mod = sys.modules.get("horovod_spark.torch.optimizer")
-    return mod is not None and isinstance(optimizer, mod._DistributedOptimizer)
+    return isinstance(optimizer, tuple(_STEPPED))
 
 
 def _on_step(optimizer, _args, _kwargs) -> None:
@@ -216,17 +222,9 @@ def _on_step(optimizer, _args, _kwargs) -> None:
             return
         with s.lock:
             s.done += 1
-            s.samples += s.samples_per_step
             s.allreduce_s += _engine_seconds(s)
-            at_end = False
-            if s.steps_per_epoch:
-                epoch, step = divmod(s.done - 1, s.steps_per_epoch)
-                s.position.update(epoch=epoch, step=step + 1, steps=s.steps_per_epoch)
-                at_end = step + 1 == s.steps_per_epoch
-            if s.epochs:
-                s.position["epochs"] = s.epochs
             # the first step waits: a report() right after it makes the job explicit
-            line = _due(s, at_end) if s.done > 1 or at_end else None
+            line = _due(s, False) if s.done > 1 else None
         _write(s, line)
     except Exception:  # a display problem never fails a training step
         pass
@@ -271,15 +269,11 @@ class Tracked:
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
 
-    def _configure(self, s: _Totals, args: tuple) -> None:
-        """What the hook cannot see for itself (samples per step, steps per epoch)."""
-
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         s = _rank_totals()
         if s is None:
             return self.fn(*args, **kwargs)
         try:
-            self._configure(s, args)
             hook = _StepHook()
         except Exception:
             hook = None
@@ -297,8 +291,7 @@ def keras_callback(batch_size: Optional[int] = None):
     """A Keras callback that reports every batch of `model.fit` to the progress display.
 
     Add it to fit's callbacks on every rank (KerasEstimator runs its `callbacks` on every
-    rank).  `batch_size`: samples per batch on this rank, for samples/s (inside a
-    KerasEstimator fit it is known without it).
+    rank).  `batch_size`: samples per batch on this rank, for samples/s.
     """
     import keras
 
@@ -313,29 +306,6 @@ def keras_callback(batch_size: Optional[int] = None):
             loss = (logs or {}).get("loss")
             report(epoch=self.epoch, epochs=params.get("epochs"), step=batch,
                    steps=params.get("steps"), loss=None if loss is None else float(loss),
-                   samples=batch_size or _batch_size())
+                   samples=batch_size)
 
-    return KerasProgress()  # pickled by value; module functions like _batch_size by reference
-
-
-def _batch_size() -> Optional[int]:
-    s = _totals
-    return s.batch_size if s is not None and s.batch_size else None
-
-
-class FitTracked(Tracked):
-    """An estimator's rank function `fn(spec: TrainSpec, directory)`, tracked."""
-
-    def _configure(self, s: _Totals, args: tuple) -> None:
-        from horovod_spark.estimator._reader import steps_per_epoch
-
-        spec = args[0]
-        k = max(int(spec.backward_passes_per_step), 1)
-        batches = steps_per_epoch(spec.train_rows, spec.batch_size, k)
-        s.steps_per_epoch = max(batches // k, 1)
-        s.samples_per_step = int(spec.batch_size) * k
-        s.batch_size = int(spec.batch_size)
-        s.epochs = int(spec.epochs)
-
-
-# Display lives in .display; the package face re-exports it.
+    return KerasProgress()  # pickled by value

@@ -43,6 +43,7 @@ import torch
 from collectives.backends.native import usable_cores
 from collectives.errors import NotSupported
 
+from .. import progress
 from . import _state
 from . import mpi_ops as M
 from ._buckets import Bucket, make_buckets, overlap_runs
@@ -193,6 +194,9 @@ class _DistributedOptimizer:
             super().zero_grad(set_to_none)  # (a bucket's gradients are its views again below)
         for bucket in self._buckets:
             bucket.zero()
+
+
+progress.count_steps_of(_DistributedOptimizer)  # its steps are the training steps
 
 
 def auto_groups(params) -> int:
