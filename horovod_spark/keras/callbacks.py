@@ -19,9 +19,9 @@ import numpy as np
 from collectives import MismatchError
 from collectives.errors import describe
 
-from ..tensorflow import _basics, _kernels
-from ..tensorflow.functions import broadcast_variables
-from ..tensorflow.mpi_ops import Average
+from .. import tensorflow as hvd_tf
+from ..tensorflow.functions import allgather_object, broadcast_variables
+from ..tensorflow.mpi_ops import Average, allreduce
 
 __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
            "LearningRateScheduleCallback", "LearningRateWarmupCallback", "BestModelCheckpoint"]
@@ -85,14 +85,14 @@ class MetricAverageCallback(keras.callbacks.Callback):
         if not logs:
             return
         keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0)
-        everyone = _kernels.allgather_object(keys, "MetricAverageCallback.keys")
+        everyone = allgather_object(keys, name="MetricAverageCallback.keys")
         if any(k != keys for k in everyone):
-            comm = _basics.communicator()
             detail = "; ".join(f"rank {r}: {k}" for r, k in enumerate(everyone))
             raise MismatchError(describe(f"ranks log different metrics ({detail})",
-                                         rank=comm.rank, size=comm.size, op="MetricAverageCallback"))
+                                         rank=hvd_tf.rank(), size=hvd_tf.size(),
+                                         op="MetricAverageCallback"))
         values = np.array([float(logs[k]) for k in keys], np.float64)
-        mean = _kernels.allreduce_group([values], ["MetricAverageCallback"], Average)[0]
+        mean = np.asarray(allreduce(values, op=Average, name="MetricAverageCallback"))
         for k, v in zip(keys, mean):
             logs[k] = float(v)
 
@@ -186,7 +186,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
                  momentum_correction: bool = True, steps_per_epoch: Optional[int] = None,
                  verbose: int = 0) -> None:
         def multiplier(epoch: float) -> float:
-            n = _basics.size()
+            n = hvd_tf.size()
             epoch += 1.0 / self.steps_per_epoch  # reach exactly 1 at the end of the warmup
             return 1.0 / n * (epoch * (n - 1) / warmup_epochs + 1)
 
@@ -198,7 +198,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
 
     def on_epoch_end(self, epoch, logs=None):
         super().on_epoch_end(epoch, logs)
-        if epoch == self.warmup_epochs - 1 and self.verbose and _basics.rank() == 0:
+        if epoch == self.warmup_epochs - 1 and self.verbose and hvd_tf.rank() == 0:
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
                   f"{_get_lr(self.model.optimizer):g}.")
 
