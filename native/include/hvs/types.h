@@ -1,5 +1,6 @@
-// Reduce ops and dtypes: the integer codes of collectives/types.py.  Keep the
-// two in step (tests/collectives/test_native_build.py compares them).
+// Reduce ops and dtypes: the integer codes of collectives.types (DType,
+// ReduceOp).  Keep the two in step (the test
+// test_native_codes_are_the_codes_of_collectives_types compares them).
 #pragma once
 
 #include <cstddef>

@@ -10,7 +10,7 @@ namespace hvs {
 
 namespace {
 
-constexpr int32_t kData = 1 + (1 << 16);  // collectives/fusion/coordinator.py: DATA
+constexpr int32_t kData = 1 + (1 << 16);  // collectives.fusion.coordinator.DATA
 
 // As numpy's multiply by a scalar of the array's own type (the engine's postscale):
 // float16 rounds the factor to float16, multiplies in float (exact for two halves)

@@ -1,5 +1,5 @@
 // The lane: one steady-state allreduce run without Python, for a caller that
-// is not Python (the TensorFlow op in horovod_spark/tensorflow/_op).
+// is not Python (the TensorFlow op HvsLaneAllreduce of horovod_spark.tensorflow).
 //
 // The fusion engine (collectives/fusion) agrees on every op in Python: a
 // cycle is a coordination allreduce of an int32 vector, then the data

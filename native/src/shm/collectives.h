@@ -11,11 +11,6 @@
 
 namespace hvs {
 
-struct Span {
-  char* ptr;
-  size_t len;
-};
-
 // dst = reduce of every local src.  root < 0: on every rank (allreduce);
 // root >= 0: only on local rank `root` (dst is ignored elsewhere).
 Status shm_allreduce(ShmGroup& g, const void* src, void* dst, size_t count, size_t elem,

@@ -38,25 +38,11 @@
 #include <string>
 #include <vector>
 
+#include "../op.h"
 #include "hvs/status.h"
 #include "segment.h"
 
 namespace hvs {
-
-struct OpTag {
-  enum Kind : uint32_t { kNone, kAllreduce, kBroadcast, kAllgather, kReducescatter, kAlltoall, kBarrier };
-  uint32_t kind = kNone;
-  int32_t dtype = -1, op = -1, root = -1;
-  uint64_t count = 0, digest = 0;
-  bool operator==(const OpTag& o) const {
-    return kind == o.kind && dtype == o.dtype && op == o.op && root == o.root && count == o.count &&
-           digest == o.digest;
-  }
-  std::string describe() const;
-};
-
-// A digest of per-rank counts, for tags.
-uint64_t digest_of(const std::vector<size_t>& counts);
 
 struct WaitPolicy {
   uint64_t spin_ns = 50000;

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "../reduce.h"
-#include "../shm/collectives.h"
+#include "../op.h"
 #include "header.h"
 #include "transfer.h"
 

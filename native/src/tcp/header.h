@@ -3,7 +3,7 @@
 // Terms (used by transfer.h and every TCP algorithm):
 //   seq      this rank's number for the op: every Context op counts, even one
 //            that moves nothing, so ranks that agree have the same seq
-//   header   a Wire naming the sender's op (OpTag of shm/group.h) and seq.  It
+//   header   a Wire naming the sender's op (its OpTag) and seq.  It
 //            is the first thing of every send stream of an op on a link, sent
 //            with the first chunk (one sendmsg); the receiver compares it with
 //            its own op before it reads, reduces or forwards any payload
@@ -34,7 +34,7 @@
 #include <string>
 #include <vector>
 
-#include "../shm/group.h"
+#include "../op.h"
 #include "hvs/status.h"
 #include "transfer.h"
 

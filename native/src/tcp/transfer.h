@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "../reduce.h"
-#include "../shm/group.h"
+#include "../op.h"
 #include "hvs/status.h"
 
 namespace hvs {
