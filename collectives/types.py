@@ -1,7 +1,7 @@
 """Reduce ops and dtypes shared by every layer.
 
-The integer values are the codes the native library takes (see
-native/include/hvs/types.h); keep the two in step.  bfloat16 has no numpy
+The integer values are the codes the native library takes (its
+`hvs::DType` and `hvs::ReduceOp`); keep the two in step.  bfloat16 has no numpy
 dtype: a bfloat16 buffer travels as uint16 storage with `DType.BFLOAT16`.
 """
 from __future__ import annotations

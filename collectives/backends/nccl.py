@@ -2,7 +2,7 @@
 
 Terms: a *CUDA buffer* is a torch CUDA tensor or a CuPy array (or anything
 with the CUDA array interface or DLPack), used in place, zero-copy, through
-its `DeviceBuffer` (pointer, count, device; see collectives/_gpu.py).  The
+its `DeviceBuffer` (pointer, count, device; see `collectives._gpu.DeviceBuffer`).  The
 *stream* of an op is the framework's current stream for the buffer's device
 (torch's for a torch tensor, CuPy's otherwise) unless the caller passes one:
 NCCL enqueues there and returns, so the op is ordered with the user's

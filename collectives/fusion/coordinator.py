@@ -16,7 +16,7 @@ JOINED (= 1): it will take part with zeros.  After the sum, the low 16 bits
 count the ranks that are ready for b and the high bits count those that hold
 real data, so b is ready when low == size and high > 0 (not everyone merely
 joined).  When any announce slot is non-zero, a *negotiation* follows: one
-allgather of every rank's announcements (JSON signatures, see table.py).
+allgather of every rank's announcements (JSON signatures, see `MessageTable`).
 """
 from __future__ import annotations
 

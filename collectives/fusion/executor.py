@@ -13,7 +13,7 @@ bfloat16), so its sums are also more accurate.  A group of one CPU tensor
 skips the copies.  CUDA tensors of one framework are packed the same way into
 a *device* fusion buffer (one per dtype and framework, on the GPU; one
 concatenation kernel in, one copy per tensor out) and reduced by one NCCL
-call on the engine stream (_streams.py: after the producers' ready events;
+call on the engine stream (`_streams`: after the producers' ready events;
 the handles finish once the done event is recorded after the cycle's device
 ops), so packing, the reduction and unpacking stay in order; a lone CUDA
 tensor goes to the communicator as it is.

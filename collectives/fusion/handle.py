@@ -30,7 +30,7 @@ class Handle:
         self._result: Any = None
         self._error: Optional[BaseException] = None
         self.lazy = False  # submitted lazily: its first waiter may run the engine's cycle
-        self.event = None  # CUDA: (Done, fresh) of its cycle (_streams.py); each waiter's stream waits
+        self.event = None  # CUDA: (Done, fresh) of its cycle (`_streams`); each waiter's stream waits
 
     def poll(self) -> bool:
         """True once the op has finished (successfully or not); wait() then never blocks."""

@@ -89,7 +89,7 @@ class Request:
         self.t_submit = time.perf_counter()
         self.t_ready = 0.0
         self.announced = False
-        self.ready = None  # CUDA: the event recorded on the producer's stream (_streams.py)
+        self.ready = None  # CUDA: the event recorded on the producer's stream (`EngineStreams.ready`)
 
     @property
     def name(self) -> str:

@@ -1,4 +1,4 @@
-"""The native allreduce op: `HvsLaneAllreduce` (lane_op.cc), the steady-state path of
+"""The native allreduce op: `HvsLaneAllreduce` (its C++ beside this module), the steady-state path of
 an allreduce inside a tf.function.
 
 `tf.numpy_function` costs about 0.3 ms of a training step before our kernel runs

@@ -1,8 +1,8 @@
 // HvsLaneAllreduce: a TensorFlow graph op that allreduces one tensor through
 // the fusion engine without entering Python in steady state.
 //
-// Compiled on first use by _lane_op.py against the installed TensorFlow.
-// The op calls the engine's lane (native/src/lane/lane.h) through a function
+// Compiled on first use by horovod_spark.tensorflow._lane_op against the installed TensorFlow.
+// The op calls the engine's lane (`hvs::Lane`) through a function
 // pointer; whatever the lane returns other than done (the op's first run,
 // a cycle the engine must finish, an error) goes to the Python callback,
 // which runs it through the engine like any other op.  Python binds the
@@ -22,7 +22,7 @@ using RunFn = int (*)(void* lane, int slot, const void* in, void* out, int64_t b
 using CallbackFn = int (*)(int code, void* lane, int64_t slot, const void* in, void* out,
                            int64_t bytes, char* err, int64_t errlen);
 
-constexpr int kDone = 0, kFallback = 1;  // lane.h: LaneCode
+constexpr int kDone = 0, kFallback = 1;  // hvs::LaneCode
 
 std::atomic<RunFn> g_run{nullptr};
 std::atomic<void*> g_lane{nullptr};

@@ -20,7 +20,7 @@ allreduce starts early, the others about 25 MiB (DDP's sizes).  By default
 spare core (local ranks x torch threads >= the cores this process may use) go
 as one run at the end of backward, because there the engine's thread can only
 run on a core that backward needs, and overlap costs more than it hides
-(benchmarks/training.py); anywhere else, overlap.  `step()` first calls
+(the torch training benchmark); anywhere else, overlap.  `step()` first calls
 `synchronize()`: it submits what no hook did (a parameter unused this step is
 reduced as zeros, so every rank submits the same names) and waits for every
 handle.  `zero_grad()` zeroes each bucket in one kernel and leaves the
