@@ -14,7 +14,6 @@ A rank waiting on local rank 0 checks its pid, so a death there is named.
 from __future__ import annotations
 
 import os
-import secrets
 import time
 from typing import Optional, Sequence
 
@@ -22,6 +21,7 @@ from .. import _native
 from ..errors import CollectiveTimeout, PeerLostError, describe
 from ..types import DType, ReduceOp
 from .base import Backend
+from .shm_names import segment_name
 
 __all__ = ["NativeBackend", "TUNING", "usable_cores", "host_cores"]
 
@@ -119,7 +119,7 @@ class NativeBackend(Backend):
         if topo.local_rank != 0:
             return self._attach(self._wait_for_name(store, key, local[0]), local)
         # Publish first, then create: a death in between leaves nothing behind.
-        name = f"/hvs-{os.getpid()}-{secrets.token_hex(8)}"
+        name = segment_name(os.getpid())  # the parent removes it if this process is killed
         store.set(key, name.encode())
         seg = _native.ShmSegment.create(name, len(local), config.shm_slot_bytes, topo.rank)
         try:

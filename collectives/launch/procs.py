@@ -20,6 +20,7 @@ from typing import Optional
 import cloudpickle
 
 from .. import settings
+from ..backends.shm_names import remove_segments_of
 from .record import Failure, RankResult, failure_text, root_cause, signal_name
 
 __all__ = ["RankFailed", "RankGroup", "die_with_parent", "pump", "finish_grace", "unfinished_text",
@@ -227,6 +228,8 @@ class RankGroup:
 
     def __exit__(self, *exc):
         self.kill()
+        for p in self.procs:  # what a rank killed between creating and sharing it left
+            remove_segments_of(p.pid)
         for t in self._pumps:
             t.join(timeout=2.0)
         self.store.close()

@@ -252,10 +252,13 @@ class RankProcess:
         raise RankFailed(failure, failure_marker(short))
 
     def cleanup(self) -> None:
+        from collectives.backends.shm_names import remove_segments_of
+
         self.kill()
         if self.child is not None:
             try:
                 self.child.wait(timeout=5.0)
+                remove_segments_of(self.child.pid)  # a rank killed while sharing its segment
             except subprocess.TimeoutExpired:
                 pass
         try:

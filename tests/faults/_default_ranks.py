@@ -16,6 +16,9 @@ import time
 
 import cloudpickle
 
+# by value too (see that module's bottom), so Spark's executors need not import it
+from _fault_ranks import communicator_through, die_later, guarded
+
 
 def note(outdir, rank, what, **data):
     import json
@@ -167,6 +170,22 @@ def many_lines(n):
         write(f"r{rank} line {i}\n")
     sys.stdout.flush()
     return n
+
+
+def job_killed_while_sharing_memory(outdir, late_s=5.0):
+    """Local rank 0 creates its segment and dies 0.3 s later; the others come `late_s` s late
+    to attach, so the launcher (or Spark) kills them first: nobody of the job unlinks it."""
+    rank = int(os.environ["HVS_RANK"])
+
+    def hook(op, key, before):
+        if "/native/shm/" not in key:
+            return
+        if rank == 0 and op == "set" and not before:
+            die_later(outdir, 0, 0.3, "after creating shared memory")
+        elif rank != 0 and op == "get" and before:
+            time.sleep(late_s)
+
+    return guarded(outdir, lambda: communicator_through(hook).size)
 
 
 cloudpickle.register_pickle_by_value(__import__(__name__))
