@@ -29,7 +29,7 @@ from .mpi_ops import (Adasum, Average, Max, Min, Product, ProcessSet, Sum, add_p
                       allgather_async, allreduce_async, allreduce_async_, alltoall_async, barrier,
                       broadcast_async, broadcast_async_, global_process_set,
                       grouped_allgather_async, grouped_allreduce_async, grouped_allreduce_async_,
-                      grouped_reducescatter_async, join, poll, reducescatter_async,
+                      grouped_reducescatter_async, join, poll, reducescatter_async, sparse_allreduce_async,
                       remove_process_set, synchronize)
 from .optimizer import DistributedOptimizer
 from .sync_batch_norm import SyncBatchNorm
@@ -49,7 +49,7 @@ __all__ = [
     "allgather", "allgather_async", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
     "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
     "grouped_allgather", "grouped_allgather_async", "grouped_reducescatter",
-    "grouped_reducescatter_async",
+    "grouped_reducescatter_async", "sparse_allreduce_async",
     "synchronize", "poll", "join", "barrier",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
     "Compression", "DistributedOptimizer", "SyncBatchNorm",

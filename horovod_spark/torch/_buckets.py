@@ -30,7 +30,7 @@ BUCKET_BYTES = 25 << 20
 class Bucket:
     """One flat buffer whose views are its members' gradients."""
 
-    __slots__ = ("name", "members", "flat", "views", "ready")
+    __slots__ = ("name", "members", "flat", "views", "ready", "sparse")
 
     def __init__(self, name: str, members: Sequence[torch.Tensor]) -> None:
         first = members[0]
@@ -43,6 +43,7 @@ class Bucket:
             self.views[p] = self.flat[offset:offset + p.numel()].view_as(p)
             offset += p.numel()
         self.ready = 0  # members whose gradient is final this step
+        self.sparse: set = set()  # members whose gradients came sparse: they stay sparse
 
     def attach(self, p: torch.Tensor) -> None:
         """Make p.grad its view: a new gradient is copied in, a missing one is zeros."""
@@ -51,10 +52,13 @@ class Bucket:
             return
         if grad is None:
             view.zero_()
+        elif grad.is_sparse:  # reduced apart (sparse optimizers need it sparse); view unused
+            self.sparse.add(p)
+            view.zero_()
+            return
         elif grad.layout != torch.strided:
             raise TypeError(f"the gradient of a parameter of shape {tuple(p.shape)} is "
-                            f"{grad.layout}: sparse gradients are not supported; use dense "
-                            "embeddings (nn.Embedding(sparse=False))")
+                            f"{grad.layout}, which cannot be reduced")
         else:
             view.copy_(grad)
         p.grad = view
@@ -63,7 +67,9 @@ class Bucket:
         """Zero every member's gradient in one kernel, keeping the views."""
         self.flat.zero_()
         for p, view in self.views.items():
-            if p.grad is not view:
+            if p in self.sparse or p.grad is None:  # None: its kind (dense or sparse) unseen
+                p.grad = None
+            elif p.grad is not view:
                 p.grad = view
 
 

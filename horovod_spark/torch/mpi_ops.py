@@ -30,7 +30,7 @@ __all__ = ["Average", "Sum", "Adasum", "Min", "Max", "Product", "TorchHandle", "
            "global_process_set", "allreduce_async", "allreduce_async_", "grouped_allreduce_async",
            "grouped_allreduce_async_", "allgather_async", "broadcast_async", "broadcast_async_",
            "alltoall_async", "reducescatter_async", "grouped_allgather_async",
-           "grouped_reducescatter_async", "add_process_set", "remove_process_set",
+           "grouped_reducescatter_async", "sparse_allreduce_async", "add_process_set", "remove_process_set",
            "synchronize", "poll", "join", "barrier",
            "handle_average_backwards_compatibility", "InvalidArgument"]
 
@@ -281,6 +281,28 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
 
     def finish(results):
         return [r if p is None else p.finish(r) for r, p in zip(results, plans)]
+    return TorchHandle(handles, finish)
+
+
+def sparse_allreduce_async(tensor, name=None, op=Average,
+                           process_set=global_process_set) -> TorchHandle:
+    """A sparse COO tensor reduced over ranks by allgathering its indices and values (an
+    index several ranks hold appears once per rank; coalescing sums them)."""
+    _check_process_set(process_set)
+    op = handle_average_backwards_compatibility(op, None)
+    if op not in (Average, Sum):
+        raise InvalidArgument(f"sparse_allreduce: only Average and Sum reduce sparse tensors, "
+                              f"got {op.name.lower()}")
+    t = tensor.coalesce()
+    base = _state.op_name("sparse_allreduce", name)
+    handles = [_state.submit(f"{base}.indices", "allgather", t.indices().t().contiguous()),
+               _state.submit(f"{base}.values", "allgather", t.values().contiguous())]
+
+    def finish(results):
+        indices, values = results
+        if op == Average:
+            values = values / _state.size()
+        return torch.sparse_coo_tensor(indices.t(), values, t.shape)
     return TorchHandle(handles, finish)
 
 

@@ -41,7 +41,6 @@ import weakref
 import torch
 
 from collectives.backends.native import usable_cores
-from collectives.errors import NotSupported
 
 from .. import progress
 from . import _state
@@ -54,8 +53,10 @@ __all__ = ["DistributedOptimizer"]
 
 class _DistributedOptimizer:
     def _hvd_setup(self, named_parameters, compression, backward_passes_per_step, op,
-                   gradient_predivide_factor, groups) -> None:
+                   gradient_predivide_factor, groups, sparse_as_dense: bool = False) -> None:
         self._compression = compression
+        self._sparse_as_dense = bool(sparse_as_dense)
+        self._sparse_keys: set = set()  # parameters whose gradient goes sparse this step
         self._op = op
         self._predivide = float(gradient_predivide_factor)
         self.backward_passes_per_step = int(backward_passes_per_step)
@@ -94,6 +95,8 @@ class _DistributedOptimizer:
                     "Gradients were computed more than backward_passes_per_step times before "
                     "call to step(). Increase backward_passes_per_step to accumulate gradients "
                     "locally.")
+            if self._sparse_as_dense and p.grad is not None and p.grad.is_sparse:
+                p.grad = p.grad.to_dense()
             if bucket is not None:
                 bucket.attach(p)  # later passes then accumulate into the view
             self._delay[p] -= 1
@@ -111,10 +114,23 @@ class _DistributedOptimizer:
     def _submit_bucket(self, bucket) -> None:
         with _state.waiting_now() if self._one_group else contextlib.nullcontext():
             self._handles[bucket] = self._allreduce_async(bucket.flat, bucket.name)
+            for p in bucket.sparse:
+                self._submit_sparse(p)
 
     def _submit_loose(self, p) -> None:
+        if p.grad.is_sparse:
+            return self._submit_sparse(p)
         grad = p.grad if p.grad.is_contiguous() else p.grad.contiguous()
         self._handles[p] = self._allreduce_async(grad, self._parameter_names[p])
+
+    def _submit_sparse(self, p) -> None:
+        """A sparse gradient (nn.Embedding(sparse=True)): allgathered, kept sparse."""
+        op = self._op if self._op in (M.Average, M.Sum) else None
+        if op is None:
+            raise ValueError(f"sparse gradient of '{self._parameter_names[p]}': sparse "
+                             "gradients reduce with Average or Sum; pass sparse_as_dense=True")
+        self._sparse_keys.add(p)
+        self._handles[p] = (M.sparse_allreduce_async(p.grad, self._parameter_names[p], op), None)
 
     def _allreduce_async(self, tensor, name: str):
         compressed, ctx = self._compression.compress(tensor)
@@ -132,7 +148,7 @@ class _DistributedOptimizer:
             if self._handles.get(bucket) is None:
                 for p in bucket.members:
                     bucket.attach(p)
-                self._handles[bucket] = self._allreduce_async(bucket.flat, bucket.name)
+                self._submit_bucket(bucket)
         for p in self._loose:
             if self._handles.get(p) is None:
                 if p.grad is None:  # unused this step on this rank
@@ -146,6 +162,9 @@ class _DistributedOptimizer:
             self._submit_the_rest()
         for key, (handle, ctx) in self._handles.items():
             out = self._compression.decompress(M.synchronize(handle), ctx)
+            if key in self._sparse_keys:
+                key.grad = out
+                continue
             target = key.flat if isinstance(key, Bucket) else key.grad
             if out.data_ptr() != target.data_ptr():
                 target.copy_(out)
@@ -154,6 +173,7 @@ class _DistributedOptimizer:
         for bucket in self._buckets:
             bucket.ready = 0
         self._handles.clear()
+        self._sparse_keys.clear()
         self._synchronized = True
         self._last_wait = time.perf_counter() - t0
 
@@ -277,8 +297,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
     if groups is not None and num_groups:
         raise ValueError("pass either num_groups or groups, not both")
-    if sparse_as_dense:
-        raise NotSupported("sparse gradients are not supported; use dense embeddings")
     _state.engine()  # fail early, with the init() hint, when not initialized
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
     wrapped = cls.__new__(cls)
@@ -287,5 +305,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         num_groups = auto_groups([p for g in optimizer.param_groups for p in g["params"]
                                   if p.requires_grad])
     wrapped._hvd_setup(named_parameters, compression, backward_passes_per_step, op,
-                       gradient_predivide_factor, groups if groups is not None else num_groups)
+                       gradient_predivide_factor, groups if groups is not None else num_groups,
+                       sparse_as_dense)
     return wrapped

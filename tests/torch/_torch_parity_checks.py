@@ -154,10 +154,41 @@ def sync_batch_norm_matches_batch_norm_over_every_ranks_batch(hvd):
     np.testing.assert_allclose(got.numpy(), ref(batch(r)).detach().numpy(), rtol=1e-9)
 
 
+def sparse_gradients_train_an_embedding_with_sparse_adam(hvd):
+    r, n = hvd.rank(), hvd.size()
+    idx = lambda q: torch.tensor([q % 5, 7, (3 * q + 1) % 10])  # noqa: E731  rank q's rows
+    sp = torch.sparse_coo_tensor(idx(r).unsqueeze(0), torch.full((3, 2), r + 1.0), (10, 2))
+    got = hvd.synchronize(hvd.sparse_allreduce_async(sp, name="parity.sparse", op=hvd.Sum))
+    want = sum(torch.sparse_coo_tensor(idx(q).unsqueeze(0), torch.full((3, 2), q + 1.0),
+                                       (10, 2)).to_dense() for q in range(n))
+    assert got.is_sparse and torch.equal(got.to_dense(), want), (got, want)
+    for sparse_as_dense in (False, True):
+        torch.manual_seed(0)
+        emb, ref = torch.nn.Embedding(10, 2, sparse=True), torch.nn.Embedding(10, 2, sparse=True)
+        ref.load_state_dict(emb.state_dict())
+        base = (torch.optim.SparseAdam if not sparse_as_dense else torch.optim.Adam)
+        opt = hvd.DistributedOptimizer(base(emb.parameters(), lr=0.1),
+                                       named_parameters=emb.named_parameters(),
+                                       sparse_as_dense=sparse_as_dense)
+        ref_opt = base(ref.parameters(), lr=0.1)
+        for step in range(2):
+            opt.zero_grad()
+            (emb(idx(r)) * (r + 1)).sum().backward()
+            opt.step()
+            ref_opt.zero_grad()  # the same step on the mean of every rank's loss
+            sum((ref(idx(q)) * (q + 1)).sum() for q in range(n)).div(n).backward()
+            if sparse_as_dense:
+                ref.weight.grad = ref.weight.grad.to_dense()
+            ref_opt.step()
+        np.testing.assert_allclose(emb.weight.detach().numpy(), ref.weight.detach().numpy(),
+                                   rtol=1e-6, atol=1e-7)
+
+
 CHECKS = [integer_average_truncates_toward_zero, integer_scale_factors_scale_as_horovod,
           reducescatter_refuses_a_scalar, reducescatter_gradients_are_horovods,
           errors_are_the_types_horovod_scripts_catch,
-          sync_batch_norm_matches_batch_norm_over_every_ranks_batch]
+          sync_batch_norm_matches_batch_norm_over_every_ranks_batch,
+          sparse_gradients_train_an_embedding_with_sparse_adam]
 
 
 def run_all() -> dict:

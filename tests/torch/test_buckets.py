@@ -3,7 +3,6 @@ buckets, and how a gradient becomes its bucket's view.  Training with them on re
 is checked in _torch_train_checks.py."""
 from __future__ import annotations
 
-import pytest
 import torch
 
 from horovod_spark.torch._buckets import (BUCKET_BYTES, FIRST_BUCKET_BYTES, Bucket, make_buckets,
@@ -32,7 +31,7 @@ def test_buckets_split_runs_by_dtype_and_leave_strided_parameters_alone():
     assert bucket_of[a] is bucket_of[b] is buckets[0] and loose == [t]
 
 
-def test_attach_copies_a_new_gradient_zeroes_a_missing_one_and_refuses_a_sparse_one():
+def test_attach_copies_a_new_gradient_zeroes_a_missing_one_and_keeps_a_sparse_one_apart():
     p, q = _params(3, 2)
     bucket = Bucket("p..q", [p, q])
     bucket.flat.fill_(9.0)
@@ -44,6 +43,10 @@ def test_attach_copies_a_new_gradient_zeroes_a_missing_one_and_refuses_a_sparse_
     bucket.zero()
     assert not bucket.flat.any() and p.grad._base is bucket.flat
     p.grad = None
-    p.grad = torch.sparse_coo_tensor([[0]], [1.0], (3,), check_invariants=True)
-    with pytest.raises(TypeError, match="sparse gradients are not supported"):
-        bucket.attach(p)
+    sparse = torch.sparse_coo_tensor([[0]], [1.0], (3,), check_invariants=True)
+    p.grad = sparse
+    bucket.flat.fill_(9.0)
+    bucket.attach(p)  # a sparse optimizer needs it sparse: it stays, its view is zeros
+    assert p.grad is sparse and p in bucket.sparse and bucket.flat.tolist()[:3] == [0.0] * 3
+    bucket.zero()
+    assert p.grad is None and q.grad._base is bucket.flat
