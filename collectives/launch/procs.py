@@ -62,12 +62,17 @@ def die_with_parent() -> None:
         _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def pump(pipe, on_line) -> None:
-    """Hand every line of a child's output pipe (decoded, newline kept) to `on_line`
-    until the child closes it; then close the pipe."""
-    for raw in iter(pipe.readline, b""):
+def pump(pipe, on_line, lines=None) -> None:
+    """Hand every line of a child's output pipe (decoded) to `on_line` until the child
+    closes it; then close the pipe.  lines(pipe): how the pipe is cut into lines (default:
+    at newlines, newline kept)."""
+    for raw in (lines or _readlines)(pipe):
         on_line(raw.decode("utf-8", "replace"))
     pipe.close()
+
+
+def _readlines(pipe):
+    return iter(pipe.readline, b"")
 
 
 class RankFailed(RuntimeError):

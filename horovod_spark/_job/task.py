@@ -29,8 +29,8 @@ and the same record goes to the driver on the log channel first.
 from __future__ import annotations
 
 import collections
-import ctypes
 import dataclasses
+import functools
 import os
 import signal
 import subprocess
@@ -42,6 +42,7 @@ import traceback
 from typing import Iterator, Optional, Tuple
 
 from collectives.launch import RankFailed
+from collectives.launch.procs import die_with_parent, pump
 from collectives.launch.record import Failure, RankResult, signal_name
 
 from .logchannel import CALLBACK_MARK, LogClient, failure_marker, split_lines
@@ -70,16 +71,6 @@ class TaskSpec:
 
 #: Seconds a GPU task waits for the other tasks of its host to publish their GPUs.
 GPU_EXCHANGE_TIMEOUT = 120.0
-
-
-try:
-    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork, not in the child
-except (OSError, AttributeError):  # not Linux: the abort frame and `finally` remain
-    _PRCTL = None
-
-
-def _die_with_parent() -> None:
-    _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the child dies with this task
 
 
 def task_hosts(ctx) -> list:
@@ -178,24 +169,22 @@ class RankProcess:
             self.child = subprocess.Popen([executable, "-m", "collectives.launch.worker"], env=env,
                                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, start_new_session=True,
-                                          preexec_fn=_die_with_parent if _PRCTL else None)
+                                          preexec_fn=die_with_parent)
         for pipe, stream in ((self.child.stdout, "stdout"), (self.child.stderr, "stderr")):
-            t = threading.Thread(target=self._pump, args=(pipe, stream), daemon=True)
+            t = threading.Thread(target=pump, daemon=True,
+                                 args=(pipe, functools.partial(self._line, stream), split_lines))
             t.start()
             self._pumps.append(t)
 
-    def _pump(self, pipe, stream: str) -> None:
-        for raw in split_lines(pipe):
-            text = raw.decode("utf-8", "replace")
-            kind = stream
-            if text.startswith(CALLBACK_MARK):
-                text, kind = text[len(CALLBACK_MARK):], "cb"
-            self.tail.append(f"[{self.rank}]<{stream}>:{text}")
-            if kind == "cb" or self.spec.show_output:
-                self.log.line(kind, text)
-            if self.log.broken:  # keep the line in the executor's log at least
-                print(f"[{self.rank}]<{stream}>:{text}", file=sys.stderr, flush=True)
-        pipe.close()
+    def _line(self, stream: str, text: str) -> None:
+        kind = stream
+        if text.startswith(CALLBACK_MARK):
+            text, kind = text[len(CALLBACK_MARK):], "cb"
+        self.tail.append(f"[{self.rank}]<{stream}>:{text}")
+        if kind == "cb" or self.spec.show_output:
+            self.log.line(kind, text)
+        if self.log.broken:  # keep the line in the executor's log at least
+            print(f"[{self.rank}]<{stream}>:{text}", file=sys.stderr, flush=True)
 
     def abort(self) -> None:
         """The driver says the job failed elsewhere: kill the child now."""
