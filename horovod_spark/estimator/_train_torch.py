@@ -142,7 +142,7 @@ class _Gradients:
     NAME = "estimator.gradients"
 
     def __init__(self, optimizer, hvd):
-        from horovod_spark.torch._buckets import Bucket
+        from horovod_spark.torch.buckets import Bucket
 
         self.optimizer, self.hvd, self.reduce = optimizer, hvd, hvd.size() > 1
         params = [p for group in optimizer.param_groups for p in group["params"]]

@@ -1,6 +1,6 @@
 """DistributedOptimizer: allreduce gradients while backward is still running.
 
-The gradients live in *buckets* (see _buckets): every gradient is a view of a
+The gradients live in *buckets* (see buckets): every gradient is a view of a
 flat buffer per run of parameters, dtype and device, so one in-place
 allreduce per bucket averages them, with nothing packed or unpacked.  A hook
 on every parameter (`register_post_accumulate_grad_hook`) fires as soon as
@@ -45,7 +45,7 @@ from collectives.backends.native import usable_cores
 from .. import progress
 from . import _state
 from . import mpi_ops as M
-from ._buckets import Bucket, make_buckets, overlap_runs
+from .buckets import Bucket, make_buckets, overlap_runs
 from .compression import Compression
 
 __all__ = ["DistributedOptimizer"]
@@ -227,7 +227,7 @@ def auto_groups(params) -> int:
 
 
 def _runs(groups, params) -> list:
-    """The runs of parameters that travel together (see _buckets): an int splits `params`
+    """The runs of parameters that travel together (see buckets): an int splits `params`
     into that many runs in order; explicit groups are runs (parameters in none of them
     travel as with overlap); 0 or None: overlap runs."""
     if not groups:

@@ -80,11 +80,7 @@ OURS = ("collectives", "horovod_spark")
 # What the job machinery and the estimator still import across the rule, each with
 # why it is here; its owner (issue 19, item 1) empties it.  Entries are
 # "importer -> imported path".
-PRIVATE_ALLOWED = {
-    "horovod_spark.estimator._train_torch -> horovod_spark.torch._buckets.Bucket":
-        "the estimator's torch loop keeps its gradients in the adapter's flat buckets; "
-        "give Bucket a public name in horovod_spark.torch or move the loop's use behind one",
-}
+PRIVATE_ALLOWED: dict = {}
 
 
 def _module_name(path):

@@ -1,11 +1,11 @@
-"""Gradient buckets (horovod_spark.torch._buckets): how parameters are cut into runs and
+"""Gradient buckets (horovod_spark.torch.buckets): how parameters are cut into runs and
 buckets, and how a gradient becomes its bucket's view.  Training with them on real ranks
 is checked in _torch_train_checks.py."""
 from __future__ import annotations
 
 import torch
 
-from horovod_spark.torch._buckets import (BUCKET_BYTES, FIRST_BUCKET_BYTES, Bucket, make_buckets,
+from horovod_spark.torch.buckets import (BUCKET_BYTES, FIRST_BUCKET_BYTES, Bucket, make_buckets,
                                           overlap_runs)
 
 
