@@ -162,7 +162,7 @@ class BarrierJob:
             return rows
         except Exception as exc:  # py4j's Py4JJavaError and friends: Spark's account of it
             watch.close()
-            failure = watch.record or failure_of(server, exc, opts.np)
+            failure = watch.record or self._jvm_death(exc) or failure_of(server, exc, opts.np)
             raise JobFailedError(failure, attempt, opts.max_restarts + 1, self.files) from None
         finally:
             watch.close()
@@ -203,12 +203,30 @@ class BarrierJob:
             server.abort_all()
         self.sc.cancelJobsWithTag(tag)
 
+    def _jvm_death(self, exc: BaseException):
+        """A failure saying the driver's JVM died, when it did (py4j cannot reach it)."""
+        from collectives.launch.record import Failure
+
+        try:
+            self.sc._jsc.sc().isStopped()  # any call: a dead JVM refuses the connection
+            return None
+        except Exception:
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            return Failure(None, "SparkDriverDied", f"the Spark driver JVM died while the job "
+                           f"ran ({type(exc).__name__}: {first})", size=self.opts.np,
+                           hint="see the driver's log; often out of memory: raise "
+                                "spark.driver.memory, or return less from the function")
+
     def _finish(self, server: Optional[LogServer], tag: str, ok: bool, store) -> None:
+        """Cancel, close, kill what is left; a cleanup that fails never hides the job's
+        outcome (the JVM may be the thing that died)."""
         sc, np_ = self.sc, self.opts.np
         try:
             if not ok:
                 sc.cancelJobsWithTag(tag)
             sc.removeJobTag(tag)
+        except Exception as exc:  # py4j's errors when the JVM is gone
+            self.opts.say(2, f"cleanup: Spark did not answer ({type(exc).__name__}: {exc})")
         finally:
             with contextlib.ExitStack() as stack:
                 if store is not None:
