@@ -38,10 +38,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from horovod_spark.estimator.store import FilesystemStore, LocalStore, Store
+from horovod_spark.estimator.store import (DBFSLocalStore, FilesystemStore, HDFSStore, LocalStore,
+                                           Store)
 
 __all__ = ["TorchEstimator", "TorchModel", "KerasEstimator", "KerasModel",
-           "Store", "LocalStore", "FilesystemStore"]
+           "Store", "LocalStore", "FilesystemStore", "DBFSLocalStore", "HDFSStore"]
 
 _LAZY = {"TorchEstimator": "torch_estimator", "TorchModel": "torch_estimator",
          "KerasEstimator": "keras_estimator", "KerasModel": "keras_estimator"}

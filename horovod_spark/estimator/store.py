@@ -25,7 +25,7 @@ import re
 import uuid
 from typing import Any, Dict, List, Optional, Tuple
 
-__all__ = ["Store", "LocalStore", "FilesystemStore"]
+__all__ = ["Store", "LocalStore", "FilesystemStore", "DBFSLocalStore", "HDFSStore", "hdfs_url"]
 
 _CKPT = re.compile(r"epoch-(\d{6})\.ckpt$")
 
@@ -224,3 +224,37 @@ class FilesystemStore(Store):
             self.filesystem.delete_file(target)
         else:
             self.filesystem.rm(target)
+
+
+class DBFSLocalStore(LocalStore):
+    """Horovod's name for a store on Databricks' FUSE mount: ``dbfs:/x`` is ``/dbfs/x``,
+    which every node sees; any other path is a local directory."""
+
+    def __init__(self, prefix_path: str, keep: int = 2, **_ignored: Any):
+        if prefix_path.startswith("dbfs:/"):
+            prefix_path = "/dbfs/" + prefix_path[len("dbfs:/"):].lstrip("/")
+        super().__init__(prefix_path, keep)
+
+
+def hdfs_url(prefix_path: str, host: Optional[str] = None, port: Optional[int] = None) -> str:
+    """``prefix_path`` as an ``hdfs://`` URL (a bare path goes to host:port, or to the
+    cluster's default name node)."""
+    if prefix_path.startswith("hdfs://"):
+        return prefix_path
+    if "://" in prefix_path:
+        raise ValueError(f"HDFSStore takes an hdfs:// URL or a path, got {prefix_path!r}; "
+                         "use Store.create() for other file systems")
+    netloc = (host or "default") + (f":{int(port)}" if port else "")
+    return f"hdfs://{netloc}/{prefix_path.lstrip('/')}"
+
+
+class HDFSStore(FilesystemStore):
+    """Horovod's name for a store on HDFS: a ``FilesystemStore`` over fsspec's ``hdfs://``
+    (pyarrow's HadoopFileSystem: libhdfs and a JVM on every node)."""
+
+    def __init__(self, prefix_path: str, host: Optional[str] = None, port: Optional[int] = None,
+                 user: Optional[str] = None, kerb_ticket: Optional[str] = None, keep: int = 2,
+                 **storage_options: Any):
+        extra = {k: v for k, v in (("user", user), ("kerb_ticket", kerb_ticket)) if v is not None}
+        super().__init__(hdfs_url(prefix_path, host, port), keep=keep, **extra,
+                         **storage_options)

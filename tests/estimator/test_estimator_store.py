@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from horovod_spark.estimator import FilesystemStore, LocalStore, Store
+from horovod_spark.estimator import DBFSLocalStore, FilesystemStore, LocalStore, Store
+from horovod_spark.estimator.store import hdfs_url
 
 
 def _stores(tmp_path):
@@ -15,12 +16,15 @@ def _stores(tmp_path):
     yield FilesystemStore(f"file://{tmp_path}/fsspec")
     yield FilesystemStore(str(tmp_path / "arrow"), filesystem=pafs.LocalFileSystem())
     yield FilesystemStore(f"memory://{tmp_path.name}", filesystem=fsspec.filesystem("memory"))
+    yield DBFSLocalStore(str(tmp_path / "dbfs-local"))
 
 
-@pytest.fixture(params=["local", "fsspec-file", "pyarrow-local", "fsspec-memory"])
+KINDS = ["local", "fsspec-file", "pyarrow-local", "fsspec-memory", "dbfs-local"]
+
+
+@pytest.fixture(params=KINDS)
 def store(request, tmp_path):
-    return dict(zip(["local", "fsspec-file", "pyarrow-local", "fsspec-memory"],
-                    _stores(tmp_path)))[request.param]
+    return dict(zip(KINDS, _stores(tmp_path)))[request.param]
 
 
 def test_a_written_file_reads_back_and_lists_in_its_directory(store):
@@ -75,3 +79,12 @@ def test_local_store_expands_relative_paths(tmp_path, monkeypatch):
 def test_keep_below_one_is_refused():
     with pytest.raises(ValueError, match="keep must be at least 1"):
         LocalStore("/tmp/x", keep=0)
+
+
+def test_horovods_store_names_map_their_paths():
+    assert DBFSLocalStore("dbfs:/ml/runs").prefix_path == "/dbfs/ml/runs"
+    assert hdfs_url("/user/me/runs", "nn", 8020) == "hdfs://nn:8020/user/me/runs"
+    assert hdfs_url("user/me") == "hdfs://default/user/me"
+    assert hdfs_url("hdfs://nn/x", "other", 1) == "hdfs://nn/x"
+    with pytest.raises(ValueError, match="hdfs:// URL"):
+        hdfs_url("s3://bucket/x")

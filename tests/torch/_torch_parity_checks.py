@@ -184,11 +184,24 @@ def sparse_gradients_train_an_embedding_with_sparse_adam(hvd):
                                    rtol=1e-6, atol=1e-7)
 
 
+def optimizer_state_with_non_tensor_entries_broadcasts(hvd):
+    r = hvd.rank()
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([w], lr=0.1 * (r + 1), momentum=0.9)
+    opt.state[w].update(momentum_buffer=torch.full((2,), float(r)), scale=0.5 + r,
+                        step=r + 5, extra=None, seen=(r, r + 1))
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    st = opt.state[w]
+    assert (st["scale"], st["step"], st["extra"], st["seen"]) == (0.5, 5, None, (0, 1)), st
+    assert st["momentum_buffer"].tolist() == [0.0, 0.0] and opt.param_groups[0]["lr"] == 0.1
+
+
 CHECKS = [integer_average_truncates_toward_zero, integer_scale_factors_scale_as_horovod,
           reducescatter_refuses_a_scalar, reducescatter_gradients_are_horovods,
           errors_are_the_types_horovod_scripts_catch,
           sync_batch_norm_matches_batch_norm_over_every_ranks_batch,
-          sparse_gradients_train_an_embedding_with_sparse_adam]
+          sparse_gradients_train_an_embedding_with_sparse_adam,
+          optimizer_state_with_non_tensor_entries_broadcasts]
 
 
 def run_all() -> dict:
