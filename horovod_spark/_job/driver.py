@@ -159,7 +159,7 @@ class BarrierJob:
         try:
             rows = (stage or self._runner_stage)(spec)
             ok = True
-            return rows
+            return rows if stage else _delivered(rows, store, job)
         except Exception as exc:  # py4j's Py4JJavaError and friends: Spark's account of it
             watch.close()
             failure = watch.record or self._jvm_death(exc) or failure_of(server, exc, opts.np)
@@ -251,6 +251,20 @@ class BarrierJob:
                                          f"results came back for ranks {sorted(by_rank)}", size=np_))
         wanted = [0] if self.opts.rank0_only else range(np_)
         return [RankResult.decode(by_rank[r]).value() for r in wanted]
+
+
+def _delivered(rows, store, job: str) -> list:
+    """The runner stage's rows with each result a task delivered to the job store (b"")
+    read from it (see `spark_store.SparkStore.deliver`)."""
+    from .task import delivered_key
+
+    out = []
+    for rank, blob in rows:
+        if blob == b"" and store is not None:
+            blob = store.get(delivered_key(job, rank), 5.0)
+            store.delete(delivered_key(job, rank))
+        out.append((rank, blob))
+    return out
 
 
 def run_on_spark(spark, fn, args, kwargs, opts: JobOptions) -> list:

@@ -134,6 +134,15 @@ class SparkStore(StoreServer):
             self._clients.append(client)
         return client
 
+    def deliver(self, key: str, value: bytes) -> bool:
+        """Put `value` in the driver's job store: a rank's result goes home this way, on the
+        job's authenticated channel, not through Spark's collect() and the driver's JVM
+        heap.  False (nothing sent) where the job store is not the driver's."""
+        if not self.on_driver:
+            return False
+        self._client().set(key, value)
+        return True
+
     # -- Store, as the rank process sees it -----------------------------------
     def set(self, key, value):
         remote = self._job_store() if self.is_shared(key) else None

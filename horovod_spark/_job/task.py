@@ -269,7 +269,8 @@ class RankProcess:
 
 
 def run_task(spec: TaskSpec, _partition: Iterator) -> Iterator[Tuple[int, Optional[bytes]]]:
-    """The mapPartitions body of the barrier stage: yields (rank, encoded RankResult or None)."""
+    """The mapPartitions body of the barrier stage: yields (rank, encoded RankResult, or b""
+    when it went to the driver's job store, or None for a value nobody wants)."""
     from pyspark import BarrierTaskContext
 
     proc = RankProcess(spec, BarrierTaskContext.get())
@@ -281,7 +282,14 @@ def run_task(spec: TaskSpec, _partition: Iterator) -> Iterator[Tuple[int, Option
                                                  f"cannot start the rank process: {exc}",
                                                  traceback=traceback.format_exc())))
         result = proc.outcome(proc.wait())
+        if result is not None and proc.server.deliver(delivered_key(spec.job, proc.rank), result):
+            result = b""  # delivered: the row only says so
     finally:
         proc.cleanup()
     yield proc.rank, result
+
+
+def delivered_key(job: str, rank: int) -> str:
+    """Where a rank's encoded result waits in the driver's job store."""
+    return f"{job}/delivered/{rank}"
 

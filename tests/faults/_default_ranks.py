@@ -188,4 +188,15 @@ def job_killed_while_sharing_memory(outdir, late_s=5.0):
     return guarded(outdir, lambda: communicator_through(hook).size)
 
 
+def large_result(mib):
+    """Rank 0 returns `mib` MiB of bytes (a position in every MiB, to check them); the
+    others return a small value, which HorovodRunner throws away."""
+    if int(os.environ["HVS_RANK"]) != 0:
+        return "small"
+    out = bytearray(mib << 20)
+    for i in range(mib):
+        out[i << 20] = i % 251
+    return bytes(out)
+
+
 cloudpickle.register_pickle_by_value(__import__(__name__))
