@@ -196,12 +196,28 @@ def optimizer_state_with_non_tensor_entries_broadcasts(hvd):
     assert st["momentum_buffer"].tolist() == [0.0, 0.0] and opt.param_groups[0]["lr"] == 0.1
 
 
+def join_with_allreduces_pending_elsewhere_contributes_zeros(hvd):
+    r, n = hvd.rank(), hvd.size()
+    for first in range(n):  # rank `first` joins while the others reduce
+        if r == first:
+            last = hvd.join()
+        else:
+            total = sum(q + 1.0 for q in range(n) if q != first)
+            got = hvd.allreduce(torch.full((3,), r + 1.0), op=hvd.Sum, name=f"join.sum.{first}")
+            assert got.tolist() == [total] * 3, (first, got)
+            avg = hvd.allreduce(torch.full((2,), r + 1.0), name=f"join.avg.{first}")
+            np.testing.assert_allclose(avg.numpy(), [total / n] * 2, rtol=1e-6)  # / world size
+            last = hvd.join()
+        assert 0 <= last < n and last != first or n == 1, (first, last)
+
+
 CHECKS = [integer_average_truncates_toward_zero, integer_scale_factors_scale_as_horovod,
           reducescatter_refuses_a_scalar, reducescatter_gradients_are_horovods,
           errors_are_the_types_horovod_scripts_catch,
           sync_batch_norm_matches_batch_norm_over_every_ranks_batch,
           sparse_gradients_train_an_embedding_with_sparse_adam,
-          optimizer_state_with_non_tensor_entries_broadcasts]
+          optimizer_state_with_non_tensor_entries_broadcasts,
+          join_with_allreduces_pending_elsewhere_contributes_zeros]
 
 
 def run_all() -> dict:
