@@ -88,8 +88,9 @@ def _stage(spark, df, num_proc: int, job: FitJob, verbose: int):
 
     display = progress.Display(verbose)  # the progress bar, from the ranks' records
     shown = display.enabled
+    settings = DriverSettings.read()  # the driver's edge: each fit reads its switches
     opts = JobOptions(np=num_proc, rank0_only=True, verbose=verbose, show_output=verbose > 0,
-                      settings=DriverSettings.read(),
+                      settings=settings, start_timeout=settings.start_timeout,
                       stdout=display.stream() if shown else None,
                       stderr=display.stream(None, "stderr") if shown else None, env=display.env)
     if shown:  # the loops report each step themselves (progress.report)
