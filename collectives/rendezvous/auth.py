@@ -11,6 +11,13 @@ sent by an unauthenticated peer is ever interpreted beyond a byte compare.
 Nonces are fresh per connection, so a recorded handshake cannot be replayed;
 the context string ("store", "mesh", "log", ...) keeps a handshake for one
 service from being accepted by another.
+
+After it, both sides hold a *session key*, HMAC(secret, "k" | context | sn | cn),
+and a `Channel` over it: every frame of the store and the log channel carries
+a tag, HMAC(session key, direction | sequence number | frame), that the
+receiver checks before it acts on the frame.  A frame injected on the path, a
+changed one, a replayed or reordered one fails the check, and the connection
+is dropped.
 """
 from __future__ import annotations
 
@@ -18,11 +25,12 @@ import hashlib
 import hmac
 import os
 import socket
+import threading
 import time
 
 from ..errors import AuthenticationError
 
-__all__ = ["client_handshake", "server_handshake", "new_secret", "recv_exact"]
+__all__ = ["client_handshake", "server_handshake", "new_secret", "recv_exact", "Channel"]
 
 MAGIC = b"HVS1"
 NONCE = 32
@@ -36,6 +44,50 @@ def new_secret() -> bytes:
 
 def _mac(secret: bytes, role: bytes, context: bytes, a: bytes, b: bytes) -> bytes:
     return hmac.new(secret, role + context + b"|" + a + b, hashlib.sha256).digest()
+
+
+class Channel:
+    """The integrity of one authenticated connection's frames (see the module docstring)."""
+
+    def __init__(self, key: bytes, sends: bytes, receives: bytes) -> None:
+        self._key, self._sends, self._receives = key, sends, receives
+        self._out = self._in = 0
+        self._lock = threading.Lock()  # two threads may send on one connection (abort, lines)
+
+    def seal(self, *parts: bytes) -> bytes:
+        """The tag of the next frame this side sends, made of `parts`."""
+        with self._lock:
+            h = self._start(self._sends, self._out)
+            self._out += 1
+        for part in parts:
+            h.update(part)
+        return h.digest()
+
+    def opening(self):
+        """A running tag of the next frame received; feed it the frame's bytes, then `check`."""
+        h = self._start(self._receives, self._in)
+        self._in += 1
+        return h
+
+    def check(self, running, tag: bytes) -> None:
+        if not hmac.compare_digest(running.digest(), tag):
+            raise AuthenticationError("a frame failed its integrity check (changed, injected, "
+                                      "replayed or reordered on the way): connection dropped")
+
+    def open(self, tag: bytes, *parts: bytes) -> None:
+        """Check a whole received frame made of `parts` against its tag."""
+        h = self.opening()
+        for part in parts:
+            h.update(part)
+        self.check(h, tag)
+
+    def _start(self, role: bytes, seq: int):
+        return hmac.new(self._key, role + seq.to_bytes(8, "big"), hashlib.sha256)
+
+
+def _channel(secret: bytes, ctx: bytes, sn: bytes, cn: bytes, server: bool) -> Channel:
+    key = hmac.new(secret, b"k" + ctx + b"|" + sn + cn, hashlib.sha256).digest()
+    return Channel(key, b"S", b"C") if server else Channel(key, b"C", b"S")
 
 
 def recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:
@@ -54,11 +106,11 @@ def recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> by
     return bytes(buf)
 
 
-def _run(sock: socket.socket, timeout: float, steps) -> None:
+def _run(sock: socket.socket, timeout: float, steps) -> Channel:
     old = sock.gettimeout()
     deadline = time.monotonic() + timeout
     try:
-        steps(deadline)
+        return steps(deadline)
     except (OSError, ConnectionError) as exc:
         raise AuthenticationError(f"handshake failed: {exc}") from exc
     finally:
@@ -68,8 +120,9 @@ def _run(sock: socket.socket, timeout: float, steps) -> None:
             pass
 
 
-def server_handshake(sock: socket.socket, secret: bytes, context: str, timeout: float = 10.0) -> None:
-    """Authenticate the connecting peer; raise AuthenticationError if it fails."""
+def server_handshake(sock: socket.socket, secret: bytes, context: str,
+                     timeout: float = 10.0) -> Channel:
+    """Authenticate the connecting peer; its frames' Channel, or AuthenticationError."""
     ctx = context.encode()
 
     def steps(deadline):
@@ -83,12 +136,14 @@ def server_handshake(sock: socket.socket, secret: bytes, context: str, timeout: 
         if not hmac.compare_digest(mac, _mac(secret, b"c", ctx, sn, cn)):
             raise AuthenticationError("peer does not know the job secret")
         sock.sendall(_mac(secret, b"s", ctx, cn, sn))
+        return _channel(secret, ctx, sn, cn, server=True)
 
-    _run(sock, timeout, steps)
+    return _run(sock, timeout, steps)
 
 
-def client_handshake(sock: socket.socket, secret: bytes, context: str, timeout: float = 10.0) -> None:
-    """Authenticate to a server and check that the server knows the secret too."""
+def client_handshake(sock: socket.socket, secret: bytes, context: str,
+                     timeout: float = 10.0) -> Channel:
+    """Authenticate to a server, check that it knows the secret too; the frames' Channel."""
     ctx = context.encode()
 
     def steps(deadline):
@@ -102,5 +157,6 @@ def client_handshake(sock: socket.socket, secret: bytes, context: str, timeout: 
         mac = recv_exact(sock, MAC, deadline)
         if not hmac.compare_digest(mac, _mac(secret, b"s", ctx, cn, sn)):
             raise AuthenticationError("server does not know the job secret")
+        return _channel(secret, ctx, sn, cn, server=False)
 
-    _run(sock, timeout, steps)
+    return _run(sock, timeout, steps)

@@ -8,8 +8,11 @@ them is its own business once the peer is authenticated.
 
 Wire format after the handshake (all integers big-endian):
 
-    request   cmd (1) | key length (u32) | key | value length (u64) | value
-    reply     status (1) | value length (u64) | value
+    request   cmd (1) | key length (u32) | key | value length (u64) | value | tag (32)
+    reply     status (1) | value length (u64) | value | tag (32)
+
+The tag is the connection's `auth.Channel` seal (session key, direction,
+sequence number); a request whose tag fails is never acted on.
 
 GET carries its timeout in milliseconds as the value; ADD carries an i64.
 
@@ -109,10 +112,14 @@ class InMemoryStore(Store):
             self._cond.notify_all()
 
 
-def _send_frame(sock, head: bytes, key: bytes, value: bytes) -> None:
-    sock.sendall(head + struct.pack(">I", len(key)) + key + struct.pack(">Q", len(value)))
+def _send_frame(sock, channel: auth.Channel, head: bytes, key: bytes, value: bytes) -> None:
+    """One request: head, key and value with their lengths, then the frame's tag."""
+    front = head + struct.pack(">I", len(key)) + key + struct.pack(">Q", len(value))
+    tag = channel.seal(front, value)
+    sock.sendall(front)
     if value:
         sock.sendall(value)
+    sock.sendall(tag)
 
 
 class StoreServer(InMemoryStore):
@@ -166,7 +173,7 @@ class StoreServer(InMemoryStore):
 
     def _serve_authenticated(self, conn: socket.socket) -> None:
         try:
-            auth.server_handshake(conn, self._secret, "store")
+            channel = auth.server_handshake(conn, self._secret, "store")
         except AuthenticationError:
             if not self._closed:  # a handshake cut short by close() is no attack
                 self.rejected += 1
@@ -176,12 +183,15 @@ class StoreServer(InMemoryStore):
         conn.settimeout(None)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            while not self._closed and self._handle(conn):
+            while not self._closed and self._handle(conn, channel):
                 pass
+        except AuthenticationError:  # a frame that failed its tag: nothing of it was done
+            if not self._closed:
+                self.rejected += 1
         except (OSError, ConnectionError, ValueError):
             return
 
-    def _handle(self, conn) -> bool:
+    def _handle(self, conn, channel: auth.Channel) -> bool:
         try:
             head = auth.recv_exact(conn, 5)
         except ConnectionError:
@@ -189,13 +199,16 @@ class StoreServer(InMemoryStore):
         cmd, klen = head[0], struct.unpack(">I", head[1:])[0]
         if klen > MAX_KEY:
             raise ValueError("key too long")
-        key = auth.recv_exact(conn, klen).decode()
-        vlen = struct.unpack(">Q", auth.recv_exact(conn, 8))[0]
+        raw_key = auth.recv_exact(conn, klen)
+        vlen_bytes = auth.recv_exact(conn, 8)
+        vlen = struct.unpack(">Q", vlen_bytes)[0]
         if vlen > MAX_VALUE:
             raise ValueError("value too long")
         value = auth.recv_exact(conn, vlen) if vlen else b""
-        status, out = self._dispatch(cmd, key, value)
-        conn.sendall(bytes([status]) + struct.pack(">Q", len(out)) + out)
+        channel.open(auth.recv_exact(conn, auth.MAC), head + raw_key + vlen_bytes, value)
+        status, out = self._dispatch(cmd, raw_key.decode(), value)
+        front = bytes([status]) + struct.pack(">Q", len(out))
+        conn.sendall(front + out + channel.seal(front, out))
         return True
 
     def _dispatch(self, cmd, key, value):
@@ -242,8 +255,8 @@ class StoreServer(InMemoryStore):
 class TCPStore(Store):
     """Client of a StoreServer.  Thread-safe: one request at a time per client."""
 
-    def __init__(self, sock: socket.socket, address: str) -> None:
-        self._sock, self.address = sock, address
+    def __init__(self, sock: socket.socket, address: str, channel: auth.Channel) -> None:
+        self._sock, self.address, self._channel = sock, address, channel
         self._lock = threading.Lock()
 
     @staticmethod
@@ -264,18 +277,20 @@ class TCPStore(Store):
                 if time.monotonic() > deadline:
                     raise PeerLostError(f"cannot reach the rendezvous store at {address}: {exc}") from exc
                 time.sleep(0.05)
-        auth.client_handshake(sock, secret, "store", timeout=max(deadline - time.monotonic(), 1.0))
+        channel = auth.client_handshake(sock, secret, "store",
+                                        timeout=max(deadline - time.monotonic(), 1.0))
         sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return cls(sock, address)
+        return cls(sock, address, channel)
 
     def _call(self, cmd: int, key: str, value: bytes = b"") -> bytes:
         with self._lock:
             try:
-                _send_frame(self._sock, bytes([cmd]), key.encode(), value)
-                status = auth.recv_exact(self._sock, 1)[0]
-                n = struct.unpack(">Q", auth.recv_exact(self._sock, 8))[0]
+                _send_frame(self._sock, self._channel, bytes([cmd]), key.encode(), value)
+                front = auth.recv_exact(self._sock, 9)
+                status, n = front[0], struct.unpack(">Q", front[1:])[0]
                 out = auth.recv_exact(self._sock, n) if n else b""
+                self._channel.open(auth.recv_exact(self._sock, auth.MAC), front, out)
             except (OSError, ConnectionError) as exc:
                 raise PeerLostError(describe(
                     f"lost the rendezvous store: {exc}", op=f"store {_NAMES[cmd]} {key!r}",

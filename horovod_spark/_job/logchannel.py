@@ -2,7 +2,9 @@
 
 Terms.  A *task* is one barrier task on an executor; it owns one rank process
 and a *log client*.  The *log server* runs on the driver, bound to the
-driver's address.  A *frame* is a 4-byte big-endian length and a JSON object;
+driver's address.  A *frame* is a 4-byte big-endian length, a JSON object and
+its tag (the connection's `auth.Channel`: a frame injected, changed or replayed
+after the handshake fails it, and the connection is dropped);
 nothing on this channel is ever a pickle.  Every connection runs the mutual
 HMAC handshake of `collectives.rendezvous.auth` (context "log") before its first frame
 is read, and then a `hello` frame naming the job and rank.
@@ -42,6 +44,7 @@ import threading
 import time
 from typing import Callable, Optional
 
+from collectives.errors import CollectiveError
 from collectives.rendezvous.accept import AcceptGate, accept_loop
 
 from ..progress.marks import CALLBACK_MARK  # a line a rank wrote with `log_to_driver`
@@ -166,22 +169,27 @@ def _cut(line: bytes, limit: int):
         yield line[at:at + limit]
 
 
-def _discard(sock: socket.socket, n: int) -> None:
+def _discard(sock: socket.socket, n: int, running) -> None:
     from collectives.rendezvous.auth import recv_exact
 
     while n > 0:
-        n -= len(recv_exact(sock, min(n, 1 << 16)))
+        chunk = recv_exact(sock, min(n, 1 << 16))
+        running.update(chunk)
+        n -= len(chunk)
 
 
-def send_frame(sock: socket.socket, obj: dict) -> None:
+def send_frame(sock: socket.socket, obj: dict, channel) -> None:
+    """One frame: length, JSON, and its tag from the connection's auth.Channel."""
     data = json.dumps(obj, separators=(",", ":")).encode()
-    sock.sendall(struct.pack(">I", len(data)) + data)
+    head = struct.pack(">I", len(data))
+    sock.sendall(head + data + channel.seal(head, data))
 
 
-def recv_frame(sock: socket.socket) -> Optional[dict]:
+def recv_frame(sock: socket.socket, channel) -> Optional[dict]:
     """The next frame, or None at a clean EOF; ValueError for a bad frame; a frame over
-    MAX_FRAME (up to _MAX_SKIP) is read past and stands as {"t": "skipped"}."""
-    from collectives.rendezvous.auth import recv_exact
+    MAX_FRAME (up to _MAX_SKIP) is read past and stands as {"t": "skipped"}.  Its tag is
+    checked (AuthenticationError) before its JSON is parsed."""
+    from collectives.rendezvous.auth import MAC, recv_exact
 
     try:
         head = recv_exact(sock, 4)
@@ -190,10 +198,16 @@ def recv_frame(sock: socket.socket) -> Optional[dict]:
     (n,) = struct.unpack(">I", head)
     if n > _MAX_SKIP:
         raise ValueError(f"log frame of {n} bytes is over the {_MAX_SKIP} byte limit")
+    running = channel.opening()
+    running.update(head)
     if n > MAX_FRAME:  # skipped (read past, never held), not a reason to hang up
-        _discard(sock, n)
+        _discard(sock, n, running)
+        channel.check(running, recv_exact(sock, MAC))
         return {"t": "skipped", "n": n}
-    obj = json.loads(recv_exact(sock, n))
+    data = recv_exact(sock, n)
+    running.update(data)
+    channel.check(running, recv_exact(sock, MAC))
+    obj = json.loads(data)
     if not isinstance(obj, dict):
         raise ValueError("log frame is not a JSON object")
     return obj
@@ -251,14 +265,15 @@ class LogServer:
     def _admitted(self, conn: socket.socket) -> None:
         threading.Thread(target=self._serve, args=(conn,), name="hvs-log", daemon=True).start()
 
-    def _hello(self, conn: socket.socket) -> Optional[int]:
+    def _hello(self, conn: socket.socket):
+        """(rank, channel) of a connection that authenticated and said hello, else None."""
         from collectives.rendezvous.auth import server_handshake
         from collectives.errors import AuthenticationError
 
         try:
-            server_handshake(conn, self._secret, "log", self._timeout)
+            channel = server_handshake(conn, self._secret, "log", self._timeout)
             conn.settimeout(self._timeout)
-            hello = recv_frame(conn)
+            hello = recv_frame(conn, channel)
             conn.settimeout(None)
         except (AuthenticationError, OSError, ValueError):
             hello = None
@@ -269,19 +284,20 @@ class LogServer:
                 self.rejected += 1
                 self._cond.notify_all()
             return None
-        return int(hello.get("rank", -1))
+        return int(hello.get("rank", -1)), channel
 
     def _serve(self, conn: socket.socket) -> None:
         with conn:
-            rank = self._hello(conn)
-            if rank is None:
+            hello = self._hello(conn)
+            if hello is None:
                 return
+            rank, channel = hello
             with self._cond:
-                self._conns[rank] = conn
+                self._conns[rank] = (conn, channel)
             try:
-                while self._handle(rank, recv_frame(conn)):
+                while self._handle(rank, recv_frame(conn, channel)):
                     pass
-            except (OSError, ValueError):
+            except (OSError, ValueError, CollectiveError):  # a bad tag: dropped, not acted on
                 pass
             finally:
                 with self._cond:
@@ -318,9 +334,9 @@ class LogServer:
         """Ask every connected task to kill its rank now (best effort)."""
         with self._cond:
             conns = list(self._conns.values())
-        for conn in conns:
+        for conn, channel in conns:
             try:
-                send_frame(conn, {"t": "abort"})
+                send_frame(conn, {"t": "abort"}, channel)
             except OSError:
                 pass
 
@@ -328,7 +344,7 @@ class LogServer:
         self._closed = True
         close_listener(self._listener)
         with self._cond:
-            conns = list(self._conns.values())
+            conns = [conn for conn, _ in self._conns.values()]
         for conn in conns:
             try:
                 conn.shutdown(socket.SHUT_RDWR)
@@ -357,10 +373,10 @@ class LogClient:
 
         host, port = self.address.rsplit(":", 1)
         sock = socket.create_connection((host, int(port)), timeout=self._connect_timeout)
-        client_handshake(sock, self._secret, "log", self._connect_timeout)
+        self._channel = client_handshake(sock, self._secret, "log", self._connect_timeout)
         sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        send_frame(sock, {"t": "hello", "job": self._job, "rank": self.rank})
+        send_frame(sock, {"t": "hello", "job": self._job, "rank": self.rank}, self._channel)
         return sock
 
     def _send_loop(self) -> None:
@@ -379,7 +395,7 @@ class LogClient:
                 self.dropped += frame.get("t") == "out"
                 continue
             try:
-                send_frame(self._sock, frame)
+                send_frame(self._sock, frame, self._channel)
             except OSError:
                 self.broken = True
                 self.dropped += 1
@@ -387,7 +403,7 @@ class LogClient:
     def _recv_loop(self, sock: socket.socket) -> None:
         try:
             while True:
-                frame = recv_frame(sock)
+                frame = recv_frame(sock, self._channel)
                 if frame is None:
                     return
                 if frame.get("t") == "abort" and self._on_abort is not None:

@@ -204,9 +204,9 @@ def _log_service(secret) -> Service:
         client.close()
         wait_until(lambda: "[7]<stdout>:still serving" in out.getvalue(), 10, "a line arrives")
 
-    frames = socket.socketpair()
-    send_frame(frames[0], {"t": "hello", "job": "job", "rank": 0})
-    send_frame(frames[0], {"t": "fail", "rec": {"rank": 0, "planted": True}})
+    frames, sealed = socket.socketpair(), auth.Channel(os.urandom(32), b"C", b"S")
+    send_frame(frames[0], {"t": "hello", "job": "job", "rank": 0}, sealed)
+    send_frame(frames[0], {"t": "fail", "rec": {"rank": 0, "planted": True}}, sealed)
     frames[0].close()
     payload = frames[1].recv(65536)
     frames[1].close()

@@ -82,11 +82,12 @@ def test_the_log_server_skips_an_oversized_frame_and_keeps_the_connection():
     try:
         host, port = server.address.rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=10) as s:
-            auth.client_handshake(s, secret, "log", timeout=5)
-            send_frame(s, {"t": "hello", "job": "job", "rank": 1})
-            s.sendall(struct.pack(">I", 2 * MAX_FRAME) + b" " * (2 * MAX_FRAME))
-            send_frame(s, {"t": "out", "s": "stdout", "x": "after the big frame"})
-            send_frame(s, {"t": "done"})
+            ch = auth.client_handshake(s, secret, "log", timeout=5)
+            send_frame(s, {"t": "hello", "job": "job", "rank": 1}, ch)
+            head, big = struct.pack(">I", 2 * MAX_FRAME), b" " * (2 * MAX_FRAME)
+            s.sendall(head + big + ch.seal(head, big))
+            send_frame(s, {"t": "out", "s": "stdout", "x": "after the big frame"}, ch)
+            send_frame(s, {"t": "done"}, ch)
             assert server.wait_done([1], timeout=30), "the server hung up after the big frame"
         assert "[1]<stdout>:after the big frame" in shown.getvalue()
     finally:

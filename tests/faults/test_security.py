@@ -87,11 +87,11 @@ def test_an_oversized_length_header_before_authentication_is_refused(service):
     service.works()
 
 
-def _authenticated(service) -> socket.socket:
+def _authenticated(service):
+    """A socket that passed the handshake, and its frames' channel."""
     host, port = service.address.rsplit(":", 1)
     s = socket.create_connection((host, int(port)), timeout=10)
-    auth.client_handshake(s, SECRET, service.context, timeout=5)
-    return s
+    return s, auth.client_handshake(s, SECRET, service.context, timeout=5)
 
 
 def _hung_up(s: socket.socket) -> bool:
@@ -105,11 +105,12 @@ def _hung_up(s: socket.socket) -> bool:
 def test_an_oversized_length_header_from_an_authenticated_peer_is_dropped(service, header):
     """Even a peer that knows the secret cannot make a server allocate what it claims."""
     rss = kit.rss()
-    with _authenticated(service) as s:
+    s, ch = _authenticated(service)
+    with s:
         if service.context == "log":
             from horovod_spark._job.logchannel import send_frame
 
-            send_frame(s, {"t": "hello", "job": "job", "rank": 3})
+            send_frame(s, {"t": "hello", "job": "job", "rank": 3}, ch)
             s.sendall(struct.pack(">I", 0xFFFFFFFF))
         elif header == "key-length":
             s.sendall(bytes([1]) + struct.pack(">I", 0xFFFFFFFF))
