@@ -18,7 +18,7 @@ from pyspark.ml import Estimator
 from horovod_spark.estimator import _checks, _parquet
 from horovod_spark.estimator._job import FitJob, TrainSpec
 from horovod_spark.estimator.data import ColumnSpec, prepare
-from horovod_spark.estimator.params import EstimatorParams
+from horovod_spark.estimator.params import EstimatorParams, document_constructor
 
 __all__ = ["DistributedEstimator"]
 
@@ -27,6 +27,10 @@ class DistributedEstimator(Estimator, EstimatorParams):
     """Base of TorchEstimator and KerasEstimator (not used directly)."""
 
     _required: Sequence[str] = ("model", "feature_cols", "label_cols")
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        document_constructor(cls)
 
     def __init__(self, **kwargs: Any):
         super().__init__()

@@ -7,12 +7,14 @@ constructors take the same names as keywords and reject unknown ones.
 """
 from __future__ import annotations
 
+import inspect
 import numbers
+import textwrap
 from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
 from pyspark.ml.param import Param, Params, TypeConverters
 
-__all__ = ["EstimatorParams", "ModelParams"]
+__all__ = ["EstimatorParams", "ModelParams", "document_constructor"]
 
 
 def _identity(value: Any) -> Any:
@@ -173,3 +175,29 @@ class ModelParams(_TableParams):
 
 _declare(EstimatorParams, _TRAINING)
 _declare(ModelParams, _MODEL)
+
+
+def document_constructor(cls: type) -> type:
+    """Give ``cls`` the signature and the Args section of its param table.
+
+    The constructor takes ``**kwargs`` (checked against the table), so without this
+    ``help()``, an IDE and the API reference would show no parameter at all.
+    """
+    table = cls._param_table
+    cls.__signature__ = inspect.Signature([
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default)
+        for name, (_, _, default) in table.items()])
+    required = set(getattr(cls, "_required", ()))
+    args = [textwrap.fill(f"{name}: {doc[:1].upper()}{doc[1:]}." + _default(name in required, doc,
+                                                                           default),
+                          width=88, initial_indent="    ", subsequent_indent="        ")
+            for name, (doc, _, default) in table.items()]
+    head = inspect.cleandoc(cls.__doc__ or "")
+    cls.__doc__ = head + "\n\nArgs:\n" + "\n".join(args) + "\n"
+    return cls
+
+
+def _default(required: bool, doc: str, default: Any) -> str:
+    if required:
+        return " Required."
+    return "" if "default:" in doc else f" Default: {default!r}."

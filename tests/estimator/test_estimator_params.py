@@ -54,3 +54,22 @@ def test_model_output_cols_default_to_the_label_names():
     model = TorchModel(feature_cols=["f"], label_cols=["a", "b"])
     assert model.getOutputCols() == ["a__output", "b__output"]
     assert model.setOutputCols(["p", "q"]).getOutputCols() == ["p", "q"]
+
+
+@pytest.mark.parametrize("name", ["TorchEstimator", "KerasEstimator"])
+def test_the_constructor_shows_every_param_with_its_default_and_doc(name):
+    import inspect
+    import pydoc
+
+    import horovod_spark.estimator as estimator
+
+    cls = getattr(estimator, name)
+    signature = inspect.signature(cls)
+    assert {p: v.default for p, v in signature.parameters.items()} == \
+        {p: default for p, (_, _, default) in _TRAINING.items()}
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in signature.parameters.values())
+    text = pydoc.render_doc(cls, renderer=pydoc.plaintext)
+    assert "batch_size=32" in text and "Rows per batch on each rank. Default: 32." in text
+    assert "model: The model to train (a torch.nn.Module or a Keras model). Required." in text
+    with pytest.raises(TypeError, match=r"got unknown parameter\(s\) \['batchsize'\]"):
+        cls(batchsize=3)
