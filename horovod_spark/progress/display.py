@@ -4,8 +4,10 @@ See `horovod_spark.progress` for the record and the terms.  A `Display` sits in
 front of the stream the output pumps write rank lines to (`Display.stream`):
 lines that carry PROGRESS_MARK are records, taken out and rendered; every other
 line passes through, with the bar cleared off the terminal line and redrawn
-around it.  The bar's position is the lead rank's (the lowest that reports);
-its rates are over every rank (see `_window_rates`).
+around it.  The bar's position and steps/s are the lead rank's (the lowest that
+reports); samples/s add up every rank, over the same window (`_window_rates`).
+Where the file is not a terminal (a batch job's log, a pipe) a plain line every
+PLAIN_EVERY seconds and one at the end take the bar's place.
 """
 from __future__ import annotations
 
@@ -15,12 +17,16 @@ import math
 import re
 import sys
 import threading
-from typing import Any
+import time
+from typing import Any, Optional
 
 from .marks import CALLBACK_MARK, ENABLED, POSITION, PROGRESS_MARK, WINDOW
 
 __all__ = ["Display"]
 
+PLAIN_EVERY = 10.0  # seconds between two plain lines (the file is not a terminal)
+_BAR = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
+_BAR_NO_TOTAL = "{desc}: {n_fmt} steps [{elapsed}{postfix}]"
 _LABEL = re.compile(r"^(.*?\[\d+\]<\w+>:)?(.*)$", re.S)
 
 
@@ -54,12 +60,18 @@ class Display:
             Jupyter kernel sys.stdout, the stream the rank lines go to, so that the bar stays
             one line under them).
         desc: the bar's label before the first epoch is known.
+        plain: plain lines instead of a bar; default: where `file` is not a terminal
+            (nor a Jupyter kernel's stream).
     """
 
-    def __init__(self, verbose: int = 1, file=None, desc: str = "training") -> None:
+    def __init__(self, verbose: int = 1, file=None, desc: str = "training",
+                 plain: Optional[bool] = None) -> None:
         self.enabled = verbose >= 1
         self.env = ENABLED if self.enabled else ()
         self._file = file if file is not None else _default_file()
+        self._plain = not _is_terminal(self._file) if plain is None else plain
+        self._plain_at: Optional[float] = None   # when the last plain line was written
+        self._plain_last = ""
         self._desc = desc
         self._lock = threading.RLock()
         self._ranks: dict = {}       # rank -> deque of its recent records
@@ -99,16 +111,25 @@ class Display:
         shares = [p[1] for p in per_rank if p[1] is not None]
         return samples, (sum(shares) / len(shares) if shares else None)
 
+    def step_rate(self) -> float:
+        """The lead rank's optimizer steps per second over the same window as `rates`."""
+        with self._lock:
+            return _window_rates(self._ranks[min(self._ranks)])[2] if self._ranks else 0.0
+
     def _lead(self) -> dict:
         return self._ranks[min(self._ranks)][-1]
 
     def _render(self) -> None:
+        if self._plain:
+            return self._render_plain(final=False)
         total, n, desc = _position(self._lead(), self._desc)
         bar = self._bar
         if bar is None:
             bar = self._bar = _bar_class()(total=total, desc=desc, unit="step", file=self._file,
-                                           leave=True, dynamic_ncols=True, mininterval=0.2)
+                                           leave=True, dynamic_ncols=True, mininterval=0.2,
+                                           bar_format=_BAR if total else _BAR_NO_TOTAL)
         elif total != bar.total:
+            bar.bar_format = _BAR if total else _BAR_NO_TOTAL
             bar.reset(total=total)
         bar.set_description_str(desc, refresh=False)
         bar.set_postfix_str(self._postfix(), refresh=False)
@@ -116,9 +137,23 @@ class Display:
             bar.reset(total=total)
         bar.update(n - bar.n)
 
+    def _render_plain(self, final: bool) -> None:
+        now = time.monotonic()
+        if not final and self._plain_at is not None and now - self._plain_at < PLAIN_EVERY:
+            return
+        total, n, desc = _position(self._lead(), self._desc)
+        where = f"{desc}: {100 * n / total:.0f}% {n}/{total} steps" if total else f"{desc}: {n} steps"
+        line = ", ".join(filter(None, [where, self._postfix()]))
+        if final and line == self._plain_last:
+            return
+        self._file.write(line + "\n")
+        self._file.flush()
+        self._plain_at, self._plain_last = now, line
+
     def _postfix(self) -> str:
         samples, share = self.rates()
-        parts = []
+        steps = self.step_rate()
+        parts = [f"{steps:.3g} step/s"] if steps > 0 else []
         loss = self._lead().get("loss")
         if loss is not None:
             parts.append(f"loss {loss:.4g}")
@@ -145,6 +180,11 @@ class Display:
 
     def close(self) -> None:
         with self._lock:
+            if self._plain and self.enabled and self._ranks:
+                try:
+                    self._render_plain(final=True)
+                except Exception:  # a display problem never fails the job
+                    pass
             bar, self._bar = self._bar, None
         if bar is not None:
             try:
@@ -160,23 +200,33 @@ class Display:
         self.close()
 
 
+def _is_terminal(file) -> bool:
+    if type(file).__module__.startswith("ipykernel"):  # a notebook renders \r updates
+        return True
+    try:
+        return bool(file.isatty())
+    except Exception:
+        return False
+
+
 def _default_file():
     in_kernel = type(sys.stdout).__module__.startswith("ipykernel")
     return sys.stdout if in_kernel else sys.stderr
 
 
 def _window_rates(recent) -> tuple:
-    """(samples/s, allreduce share or None) of one rank over its last WINDOW seconds."""
+    """(samples/s, allreduce share or None, steps/s) of one rank over its last WINDOW seconds."""
     last = recent[-1]
     first = next((r for r in recent if last["t"] - r["t"] <= WINDOW), last)
     if first is last:
-        span, samples, ar = last["t"], last["samples"], last["allreduce_s"]
+        span, samples, ar, done = last["t"], last["samples"], last["allreduce_s"], last["done"]
     else:
         span = last["t"] - first["t"]
         samples, ar = last["samples"] - first["samples"], last["allreduce_s"] - first["allreduce_s"]
+        done = last["done"] - first["done"]
     if span <= 0:
-        return 0.0, None
-    return samples / span, ar / span
+        return 0.0, None, 0.0
+    return samples / span, ar / span, done / span
 
 
 def _position(rec: dict, desc: str) -> tuple:

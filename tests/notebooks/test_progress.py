@@ -91,6 +91,41 @@ def test_the_display_adds_up_every_ranks_samples_and_averages_their_allreduce_sh
     assert "450 samples/s" in bar.getvalue() and "allreduce 25%" in bar.getvalue()
 
 
+def _steady(stream, ranks=2, batch=8, seconds=4.0, every=0.5):
+    """Records of ranks stepping together: one step of `batch` samples every `every` s."""
+    for i in range(1, int(seconds / every) + 1):
+        for rank in range(ranks):
+            rec = dict(rank=rank, t=i * every, done=i, samples=i * batch, allreduce_s=0.0,
+                       epoch=0, epochs=1, step=i, steps=100)
+            stream.write(f"[{rank}]<stdout>:{progress.PROGRESS_MARK}{json.dumps(rec)}\n")
+
+
+def test_off_a_terminal_the_display_writes_plain_lines_whose_numbers_agree():
+    out = io.StringIO()
+    display = progress.Display(file=out)
+    _steady(display.stream(io.StringIO()))
+    display.close()
+    lines = out.getvalue().splitlines()
+    assert "\r" not in out.getvalue() and len(lines) == 2, lines  # the first record, the end
+    # 2 steps/s on each of 2 ranks at 8 samples a step: 32 samples/s
+    assert lines[-1] == "epoch 1/1: 8% 8/100 steps, 2 step/s, 32 samples/s, allreduce 0%"
+
+
+def test_on_a_terminal_the_bar_shows_step_s_and_samples_s_from_one_window():
+    import os
+    import pty
+
+    master, slave = pty.openpty()
+    with os.fdopen(slave, "w") as tty:
+        display = progress.Display(file=tty)
+        _steady(display.stream(io.StringIO()))
+        display.close()
+    text = os.read(master, 65536).decode()
+    os.close(master)
+    assert "\r" in text and "8/100 [" in text
+    assert "2 step/s, 32 samples/s" in text.split("\r")[-1], text[-300:]
+
+
 def test_lines_pass_through_and_a_broken_record_is_dropped_without_an_error():
     lines = io.StringIO()
     display = progress.Display(file=io.StringIO())
@@ -144,7 +179,7 @@ def test_the_step_hook_counts_distributed_optimizer_steps_without_report(capsys)
     pytest.importorskip("torch")
     horovod_spark.run(_train, kwargs={"explicit": False}, num_proc=-2)
     err = capsys.readouterr().err
-    assert "12step" in err and "allreduce" in err
+    assert "12 steps" in err and "allreduce" in err
 
 
 def test_verbose_0_shows_no_bar_and_asks_the_ranks_for_no_records(capsys):
