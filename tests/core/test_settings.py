@@ -16,7 +16,7 @@ from horovod_spark._job import settings
 from horovod_spark._job.settings import DriverSettings, table
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-#: Set for every rank for scripts to read (README says so), and setup.py's build switch.
+#: Set for every rank for scripts to read (docs/configuration.md says so), and setup.py's build switch.
 NOT_READ = {"HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
             "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE", "HVS_BUILD_JOBS"}
 SWITCH = Setting("HVS_TEST_SWITCH", True, parse_bool, "rank", "a switch for these tests")
