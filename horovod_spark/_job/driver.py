@@ -26,6 +26,7 @@ from . import checks
 from .failure import JobFailedError, failure_of
 from .logchannel import LineSink, LogServer
 from .pickling import code_files, pickle_job
+from .quiet import failure_logs_off
 from .settings import DriverSettings
 from .watch import Watch
 from .task import TaskSpec, run_task
@@ -130,7 +131,8 @@ class BarrierJob:
                 checks.wait_for_slots(self.sc, opts.np, opts.start_timeout,
                                       say=lambda m: opts.say(1, m))
             try:
-                return self.attempt(attempt, payload, stage, **spec_fields)
+                with failure_logs_off(self.sc):  # the JobFailedError says it all, once
+                    return self.attempt(attempt, payload, stage, **spec_fields)
             except JobFailedError as err:
                 if not _restarting(opts, attempt, err):
                     raise

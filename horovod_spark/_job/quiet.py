@@ -1,0 +1,52 @@
+"""While a job runs, the driver JVM's loggers that would repeat a failed rank's error are off.
+
+A failed rank fails its task with a message that carries its record (`HVS-FAILURE:` and
+base64, for the driver to parse).  Spark's Executor (in the driver's JVM under a local
+master) logs that message at ERROR with a JVM stack, and TaskSetManager at WARN, into the
+user's notebook above the one JobFailedError that names the rank and shows its
+traceback.  The embedded session configures both loggers off when it starts; a session
+the user made has them off while a job runs, then back at the levels they had.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Iterator
+
+__all__ = ["failure_logs_off"]
+
+LOGGERS = ("org.apache.spark.executor.Executor", "org.apache.spark.scheduler.TaskSetManager")
+_lock = threading.Lock()
+_state = {"jobs": 0, "saved": {}}  # jobs running now; the levels their first one found
+
+
+def _set_levels(sc, levels: dict) -> dict:
+    """Set each logger's level (a name, e.g. "OFF"); returns the levels they had."""
+    log4j = sc._jvm.org.apache.logging.log4j
+    before = {}
+    for name, level in levels.items():
+        before[name] = str(log4j.LogManager.getLogger(name).getLevel())
+        log4j.core.config.Configurator.setLevel(name, log4j.Level.toLevel(level))
+    return before
+
+
+@contextlib.contextmanager
+def failure_logs_off(sc) -> Iterator[None]:
+    """Spark's failure logs off in the driver JVM for the length of the block (nestable)."""
+    with _lock:
+        if _state["jobs"] == 0:
+            try:
+                _state["saved"] = _set_levels(sc, dict.fromkeys(LOGGERS, "OFF"))
+            except Exception:  # another logging backend: its logs stay as they are
+                _state["saved"] = {}
+        _state["jobs"] += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _state["jobs"] -= 1
+            if _state["jobs"] == 0 and _state["saved"]:
+                try:
+                    _set_levels(sc, _state["saved"])
+                except Exception:
+                    pass
