@@ -5,7 +5,9 @@ base64, for the driver to parse).  Spark's Executor (in the driver's JVM under a
 master) logs that message at ERROR with a JVM stack, and TaskSetManager at WARN, into the
 user's notebook above the one JobFailedError that names the rank and shows its
 traceback.  The embedded session configures both loggers off when it starts; a session
-the user made has them off while a job runs, then back at the levels they had.
+the user made has them off while a job runs and for LINGER_S after (a task of the
+barrier stage that was still winding down logs its failure then), then back at the
+levels they had.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Iterator
 
 __all__ = ["failure_logs_off"]
 
+LINGER_S = 5.0
 LOGGERS = ("org.apache.spark.executor.Executor", "org.apache.spark.scheduler.TaskSetManager")
 _lock = threading.Lock()
 _state = {"jobs": 0, "saved": {}}  # jobs running now; the levels their first one found
@@ -32,9 +35,9 @@ def _set_levels(sc, levels: dict) -> dict:
 
 @contextlib.contextmanager
 def failure_logs_off(sc) -> Iterator[None]:
-    """Spark's failure logs off in the driver JVM for the length of the block (nestable)."""
+    """Spark's failure logs off in the driver JVM for the block and LINGER_S after (nestable)."""
     with _lock:
-        if _state["jobs"] == 0:
+        if not _state["saved"]:  # else still off from a job that ended within LINGER_S
             try:
                 _state["saved"] = _set_levels(sc, dict.fromkeys(LOGGERS, "OFF"))
             except Exception:  # another logging backend: its logs stay as they are
@@ -45,8 +48,16 @@ def failure_logs_off(sc) -> Iterator[None]:
     finally:
         with _lock:
             _state["jobs"] -= 1
-            if _state["jobs"] == 0 and _state["saved"]:
-                try:
-                    _set_levels(sc, _state["saved"])
-                except Exception:
-                    pass
+        timer = threading.Timer(LINGER_S, _restore, args=(sc,))
+        timer.daemon = True
+        timer.start()
+
+
+def _restore(sc) -> None:
+    with _lock:
+        if _state["jobs"] == 0 and _state["saved"]:
+            saved, _state["saved"] = _state["saved"], {}
+            try:
+                _set_levels(sc, saved)
+            except Exception:  # the session stopped meanwhile
+                pass
