@@ -25,6 +25,7 @@ from .functions import (allgather_object, broadcast_, broadcast_global_variables
                         broadcast_object, broadcast_object_fn, broadcast_variables)
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from .grouped_ops import grouped_allgather, grouped_reducescatter
+from .sync_batch_norm import SyncBatchNormalization
 from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allreduce, alltoall,
                       barrier, broadcast, grouped_allreduce, join, local_rank_op, local_size_op,
                       rank_op, reducescatter, size_op)
@@ -39,7 +40,7 @@ __all__ = [
     "broadcast_variables", "broadcast_global_variables", "broadcast_object", "allgather_object",
     "Compression", "DistributedGradientTape", "DistributedOptimizer",
     "grouped_allgather", "grouped_reducescatter", "broadcast_", "broadcast_object_fn",
-    "PartialDistributedGradientTape",
+    "PartialDistributedGradientTape", "SyncBatchNormalization",
     "HorovodInternalError", "CollectiveError", "CollectiveTimeout", "MismatchError",
     "NotSupported", "PeerLostError", "InvalidArgument",
 ]

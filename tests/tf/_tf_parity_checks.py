@@ -248,6 +248,39 @@ def keras_callbacks_and_probes_have_horovods_names():
         raise AssertionError("broadcast_global_variables did not refuse")
 
 
+@check
+def sync_batch_normalization_matches_batch_normalization_over_every_batch():
+    tf, hvd, r, n = _setup()
+    import keras
+
+    def batch(q):  # ranks hold different batch sizes
+        rng = np.random.default_rng(70 + q)
+        return (rng.standard_normal((q + 2, 3)) * (q + 1) + q).astype(np.float32)
+
+    def coeff(q):
+        return (np.arange((q + 2) * 3).reshape(q + 2, 3) % 4 - q).astype(np.float32)
+
+    sync = hvd.SyncBatchNormalization(momentum=0.5)
+    ref = keras.layers.BatchNormalization(momentum=0.5)
+    x = tf.Variable(batch(r))
+    full = tf.Variable(np.concatenate([batch(q) for q in range(n)]))
+    with tf.GradientTape(persistent=True) as tape:
+        y = sync(x, training=True)
+        loss = tf.reduce_sum(y * coeff(r))
+        y_ref = ref(full, training=True)
+        loss_ref = tf.reduce_sum(y_ref * np.concatenate([coeff(q) for q in range(n)]))
+    start = sum(q + 2 for q in range(r))
+    mine = slice(start, start + r + 2)
+    np.testing.assert_allclose(y.numpy(), y_ref.numpy()[mine], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(tape.gradient(loss, x).numpy(),
+                               tape.gradient(loss_ref, full).numpy()[mine], rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(sync.moving_mean.numpy(), ref.moving_mean.numpy(), rtol=1e-5)
+    np.testing.assert_allclose(sync.moving_variance.numpy(), ref.moving_variance.numpy(),
+                               rtol=1e-4)
+    traced = tf.function(lambda t: sync(t, training=True))(x)  # as Keras's fit runs it
+    np.testing.assert_allclose(traced.numpy(), y.numpy(), rtol=1e-5, atol=1e-5)
+
+
 def run_all(names=None) -> dict:
     """Run the checks (all, or those named); {name: "ok" or the traceback}."""
     results = {}
