@@ -16,10 +16,10 @@ trained model's bytes, the history and its timings; the other ranks return None.
 The step's path is kept short, since a small model's step takes well under a
 millisecond.  The gradients are *bucket views*: every ``.grad`` of the
 optimizer's parameters is a view of one flat buffer per dtype and device
-(``_Gradients``), so autograd accumulates into it in place, a step averages it
+(``Gradients``), so autograd accumulates into it in place, a step averages it
 with one ``hvd.allreduce_`` (what ``hvd.DistributedOptimizer`` would do with
 one submission per parameter) and ``zero_`` clears it.  The loss and the
-metrics stay tensors until the epoch ends (``_Sums``: one host sync per
+metrics stay tensors until the epoch ends (``Sums``: one host sync per
 ``FLUSH`` steps at most), and the progress display hears from the loop at
 most every ``Progress.REPORT_EVERY`` seconds.
 """
@@ -36,6 +36,7 @@ import numpy as np
 
 from horovod_spark.estimator import _torch_io as tio
 from horovod_spark.estimator._census import agree
+from horovod_spark.estimator._torch_step import Gradients, Sums
 from horovod_spark.estimator._job import (Progress, RankData, TrainSpec, append_history,
                                           averaged)
 
@@ -114,7 +115,7 @@ def _fit(hvd, spec: TrainSpec, data: RankData, entered: float) -> Optional[Dict[
     hvd.broadcast_parameters(s.model.state_dict(), root_rank=0)
     if start > 0:  # a fresh optimizer is the same pickle on every rank: nothing to send
         hvd.broadcast_optimizer_state(s.optimizer, root_rank=0)
-    grads = _Gradients(s.optimizer, hvd)
+    grads = Gradients(s.optimizer, hvd)
     progress = Progress(spec, rank, data.steps, entered)
     names = ["loss"] + [n for n, _ in s.metrics]
     for epoch in range(start, spec.epochs):
@@ -134,87 +135,6 @@ def _fit(hvd, spec: TrainSpec, data: RankData, entered: float) -> Optional[Dict[
             "timings": progress.timings(spec.data_seconds)}
 
 
-class _Gradients:
-    """The optimizer's gradients as views of flat buffers, one per (dtype, device):
-    autograd accumulates into them in place, and a step averages them over the
-    ranks with one allreduce (a grouped one for several buffers)."""
-
-    NAME = "estimator.gradients"
-
-    def __init__(self, optimizer, hvd):
-        from horovod_spark.torch.buckets import Bucket
-
-        self.optimizer, self.hvd, self.reduce = optimizer, hvd, hvd.size() > 1
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        params = [p for p in dict.fromkeys(params) if p.requires_grad]
-        by_kind: Dict[tuple, list] = {}
-        for p in params:
-            by_kind.setdefault((p.dtype, p.device), []).append(p)
-        self.buckets = [Bucket(f"{self.NAME}.{i}", members)
-                        for i, members in enumerate(by_kind.values())]
-        self.buffers = [b.flat for b in self.buckets]
-        self.attach()
-
-    def attach(self) -> None:
-        """Point every ``.grad`` at its view (once per epoch: nothing in a step replaces one)."""
-        for bucket in self.buckets:
-            for p in bucket.members:
-                bucket.attach(p)
-
-    def step(self) -> None:
-        """Average the gradients over the ranks, step the optimizer, clear the gradients."""
-        if self.reduce:
-            if len(self.buffers) == 1:
-                self.hvd.allreduce_(self.buffers[0], op=self.hvd.Average, name=self.NAME)
-            elif self.buffers:
-                self.hvd.grouped_allreduce_(self.buffers, op=self.hvd.Average, name=self.NAME)
-        self.optimizer.step()
-        for flat in self.buffers:
-            flat.zero_()
-
-
-FLUSH = 256  # steps whose values _Sums keeps as tensors before it adds them up
-
-
-class _Sums:
-    """Row-weighted sums of per-batch values (the loss, each metric), added up on
-    their device every FLUSH batches, so the host reads them once per epoch."""
-
-    def __init__(self, width: int):
-        self.values: List[list] = [[] for _ in range(width)]
-        self.weights: List[int] = []
-        self.totals: List[Any] = [0.0] * width
-        self.rows = 0
-
-    def add(self, values: Sequence[Any], rows: int) -> None:
-        for column, value in zip(self.values, values):
-            column.append(value)
-        self.weights.append(rows)
-        if len(self.weights) >= FLUSH:
-            self._flush()
-
-    def _flush(self) -> None:
-        import torch
-
-        rows, self.weights = self.weights, []
-        if not rows:
-            return
-        for j, column in enumerate(self.values):
-            if all(isinstance(v, torch.Tensor) for v in column):
-                stacked = torch.stack([v.reshape(()) for v in column]).double()
-                weights = torch.tensor(rows, dtype=torch.float64, device=stacked.device)
-                self.totals[j] = self.totals[j] + (stacked * weights).sum()
-            else:
-                self.totals[j] = self.totals[j] + sum(float(v) * n for v, n in zip(column, rows))
-            column.clear()
-        self.rows += sum(rows)
-
-    def result(self) -> np.ndarray:
-        """[sum of value * rows for each value ..., rows]."""
-        self._flush()
-        return np.array([float(t) for t in self.totals] + [self.rows], dtype=np.float64)
-
-
 def _batch_tensors(spec: TrainSpec, s: _Setup, batch: Dict[str, np.ndarray]):
     if s.transform is not None:
         batch = s.transform(dict(batch))
@@ -227,13 +147,13 @@ def _batch_tensors(spec: TrainSpec, s: _Setup, batch: Dict[str, np.ndarray]):
     return outputs, labels, weights, len(batch[spec.feature_cols[0]])
 
 
-def _train_epoch(spec: TrainSpec, s: _Setup, grads: _Gradients, batches, progress: Progress,
+def _train_epoch(spec: TrainSpec, s: _Setup, grads: Gradients, batches, progress: Progress,
                  epoch: int) -> np.ndarray:
     """Sums over the epoch: [loss * rows, metric * rows ..., rows]."""
     s.model.train()
     grads.attach()
     k = spec.backward_passes_per_step
-    sums = _Sums(len(s.metrics) + 1)
+    sums = Sums(len(s.metrics) + 1)
     for i, batch in enumerate(batches):
         outputs, labels, weights, n = _batch_tensors(spec, s, batch)
         loss = tio.batch_loss(s.losses, outputs, labels, weights)
@@ -262,7 +182,7 @@ def _validate(spec: TrainSpec, s: _Setup, data: RankData) -> np.ndarray:
     import torch
 
     s.model.eval()
-    sums = _Sums(len(s.metrics) + 1)
+    sums = Sums(len(s.metrics) + 1)
     with torch.no_grad():
         for batch in data.validation(spec.batch_size):
             outputs, labels, weights, n = _batch_tensors(spec, s, batch)

@@ -22,7 +22,8 @@ from horovod_spark.estimator import _torch_io as tio
 from horovod_spark.estimator._census import write_census
 from horovod_spark.estimator._job import Progress, TrainSpec
 from horovod_spark.estimator._spill import spill_partition
-from horovod_spark.estimator._train_torch import FLUSH, _Sums, train
+from horovod_spark.estimator._torch_step import FLUSH, Sums
+from horovod_spark.estimator._train_torch import train
 from horovod_spark.estimator.data import ColumnSpec
 from horovod_spark.estimator.store import LocalStore
 
@@ -130,7 +131,7 @@ def test_ranks_train_what_one_process_gets_from_their_mean_gradient(tmp_path, ra
 
 
 def test_sums_weigh_tensors_and_numbers_by_rows_across_flushes():
-    sums = _Sums(2)
+    sums = Sums(2)
     rng = np.random.default_rng(0)
     values, rows = rng.normal(size=(2 * FLUSH + 7, 2)), rng.integers(1, 9, size=2 * FLUSH + 7)
     for (a, b), n in zip(values, rows):
@@ -141,7 +142,7 @@ def test_sums_weigh_tensors_and_numbers_by_rows_across_flushes():
 
 
 def test_an_epoch_with_no_batches_sums_to_zero_rows():
-    np.testing.assert_array_equal(_Sums(2).result(), [0.0, 0.0, 0.0])
+    np.testing.assert_array_equal(Sums(2).result(), [0.0, 0.0, 0.0])
 
 
 def _progress(monkeypatch, every, shown=True):
