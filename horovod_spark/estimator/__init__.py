@@ -40,9 +40,11 @@ from typing import Any
 
 from horovod_spark.estimator.store import (DBFSLocalStore, FilesystemStore, HDFSStore, LocalStore,
                                            Store)
+from horovod_spark.estimator.trainer import EarlyStopping
 
 __all__ = ["TorchEstimator", "TorchModel", "KerasEstimator", "KerasModel",
-           "Store", "LocalStore", "FilesystemStore", "DBFSLocalStore", "HDFSStore"]
+           "Store", "LocalStore", "FilesystemStore", "DBFSLocalStore", "HDFSStore",
+           "EarlyStopping"]
 
 _LAZY = {"TorchEstimator": "torch_estimator", "TorchModel": "torch_estimator",
          "KerasEstimator": "keras_estimator", "KerasModel": "keras_estimator"}

@@ -22,7 +22,8 @@ import numpy as np
 
 from horovod_spark.estimator.data import ColumnSpec, batch_from_table, column_specs, prepare
 
-__all__ = ["checked_specs", "sample_batch", "resolve_num_proc", "require", "label_problem"]
+__all__ = ["checked_specs", "sample_batch", "resolve_num_proc", "require", "label_problem",
+           "warn_ignored", "keep_best", "refuse_finished"]
 
 SAMPLE_ROWS = 16
 
@@ -101,3 +102,38 @@ def label_problem(name: str, label: np.ndarray, out_shape: Sequence[int]) -> Opt
         return (f"label column '{name}' has shape {list(label.shape[1:])} per row but the "
                 f"model's output for it has shape {per_row} per row")
     return None
+
+
+def warn_ignored(params, ignored: Dict[str, str]) -> None:
+    """One warning naming every set parameter that has no job here, and what replaces it."""
+    import warnings
+
+    named = [f"{n} ({why})" for n, why in ignored.items() if params.isSet(n)]
+    if named:
+        warnings.warn(f"{type(params).__name__} ignores Horovod parameter(s) with no job "
+                      f"here: "
+                      + "; ".join(named), UserWarning, stacklevel=4)
+
+
+def keep_best(value: Any, early_stopping: Any, has_validation: bool) -> Optional[tuple]:
+    """keep_best as (metric, mode), or None."""
+    from horovod_spark.estimator.trainer import default_monitor
+
+    if value is None or value is False:
+        return None
+    if value is True:
+        if early_stopping is not None:
+            return (early_stopping.monitor, early_stopping.mode)
+        return (default_monitor(has_validation), "auto")
+    return tuple(value) if isinstance(value, tuple) else (value, "auto")
+
+
+def refuse_finished(store, run_id: str, epochs: int) -> None:
+    """A run whose checkpoints reach ``epochs`` would train nothing: say so."""
+    done = store.checkpoint_epochs(run_id)
+    if done and done[-1] + 1 >= epochs:
+        raise ValueError(
+            f"run {run_id!r} in {store} has already trained {done[-1] + 1} epoch(s) and "
+            f"epochs={epochs}: fitting it again would train nothing. Give a new run_id to "
+            f"train from scratch, or epochs > {done[-1] + 1} to train it further")
+

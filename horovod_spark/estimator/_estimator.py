@@ -15,10 +15,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from pyspark.ml import Estimator
 
-from horovod_spark.estimator import _checks, _parquet
+from horovod_spark.estimator import _checks, _mlflow, _parquet
 from horovod_spark.estimator._job import FitJob, TrainSpec
 from horovod_spark.estimator.data import ColumnSpec, prepare
-from horovod_spark.estimator.params import EstimatorParams, document_constructor
+from horovod_spark.estimator.params import IGNORED, EstimatorParams, document_constructor
 
 __all__ = ["DistributedEstimator"]
 
@@ -46,6 +46,7 @@ class DistributedEstimator(Estimator, EstimatorParams):
 
     _train_fn: Callable[..., Any]
     _model_class: type
+    _mlflow_flavor: str  # "pytorch" or "keras"
 
     def fit_on_parquet(self, path: str, params: Optional[dict] = None):
         """Fit on a Parquet data set (a file or a directory, any Spark-readable path).
@@ -61,7 +62,9 @@ class DistributedEstimator(Estimator, EstimatorParams):
     def _fit(self, dataset):
         began = time.perf_counter()
         values = self.param_values()
-        _checks.require(type(self).__name__, values, self._required)
+        _checks.require(type(self).__name__, values, [
+            n for n in self._required if not (n == "loss" and values.get("loss_constructors"))])
+        _checks.warn_ignored(self, IGNORED)
         specs = _checks.checked_specs(dataset, values)
         spark = dataset.sparkSession
         num_proc = _checks.resolve_num_proc(spark, values["num_proc"])
@@ -86,10 +89,23 @@ class DistributedEstimator(Estimator, EstimatorParams):
         self._last_timings = dict(result.get("timings", {}), check_seconds=checked - began,
                                   parquet_direct=direct is not None,
                                   stage_seconds=done - checked, fit_seconds=done - began)
-        return self._model_class(
-            model_bytes=result["model"], history=result["history"], output_shapes=output_shapes,
+        return self._fitted(values, result, output_shapes, job.train.run_id)
+
+    def _fitted(self, values: Dict[str, Any], result: Dict[str, Any],
+                output_shapes: List[List[int]], run_id: str):
+        """The Model of rank 0's result; the history says which epoch it is (best_epoch)
+        and where early stopping stopped (stopped_epoch); MLflow hears of it."""
+        history = dict(result["history"])
+        for key in ("best_epoch", "stopped_epoch"):
+            if result.get(key) is not None:
+                history[key] = [result[key]]
+        fitted = self._model_class(
+            model_bytes=result["model"], history=history, output_shapes=output_shapes,
             feature_cols=values["feature_cols"], label_cols=values["label_cols"],
-            run_id=job.train.run_id)
+            run_id=run_id)
+        if _mlflow.wanted(values["mlflow"]):
+            _mlflow.log_fit(values, fitted, history, self._mlflow_flavor, values["mlflow"])
+        return fitted
 
     def _run(self, spark, prepared, num_proc: int, job: FitJob, verbose: int):
         from horovod_spark.estimator._launch import run_fit
@@ -110,7 +126,15 @@ class DistributedEstimator(Estimator, EstimatorParams):
             backward_passes_per_step=values["backward_passes_per_step"],
             use_gpu=values["use_gpu"], verbose=values["verbose"], store=store,
             run_id=values["run_id"] or f"run-{uuid.uuid4().hex[:12]}",
-            has_validation=bool(validation), specs=tuple(specs))
+            has_validation=bool(validation), specs=tuple(specs),
+            val_batch_size=values["val_batch_size"] or 0,
+            train_steps=values["train_steps_per_epoch"],
+            val_steps=values["validation_steps_per_epoch"], tensorboard=values["tensorboard"],
+            log_every_n_steps=values["log_every_n_steps"],
+            early_stopping=values["early_stopping"],
+            keep_best=_checks.keep_best(values["keep_best"], values["early_stopping"],
+                                        bool(validation)))
+        _checks.refuse_finished(store, train.run_id, train.epochs)
         store.check_writable(train.run_id)  # before any data moves or any epoch runs
         fraction = validation if isinstance(validation, float) else 0.0
         return FitJob(specs=tuple(specs), validation_fraction=fraction, train=train,

@@ -42,6 +42,13 @@ class TrainSpec:
     data_seconds: float = 0.0                # this task's spill time
     data_cpu_seconds: float = 0.0            # the CPU time of its Python side
     stamps: Tuple[Tuple[str, float], ...] = ()  # wall-clock times of the task's phases
+    val_batch_size: int = 0                  # 0: batch_size
+    train_steps: Optional[int] = None        # train_steps_per_epoch
+    val_steps: Optional[int] = None          # validation_steps_per_epoch
+    tensorboard: Optional[bool] = None       # None: when tensorboardX is installed
+    log_every_n_steps: int = 50
+    early_stopping: Any = None               # trainer.EarlyStopping
+    keep_best: Optional[Tuple[str, str]] = None  # (metric, mode) that picks the fitted epoch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,18 +71,26 @@ class RankData:
         self.names = names
         self.train = Shard(os.path.join(directory, "train.arrow"), names)
         self.stream = BatchStream(self.train, spec.batch_size, spec.shuffle, spec.seed, rank)
-        self.steps = steps_per_epoch(spec.train_rows, spec.batch_size,
-                                     spec.backward_passes_per_step)
+        multiple = spec.backward_passes_per_step
+        self.steps = steps_per_epoch(spec.train_rows, spec.batch_size, multiple) \
+            if spec.train_steps is None else -(-spec.train_steps // multiple) * multiple
+        self.val_batch_size = spec.val_batch_size or spec.batch_size
+        self.val_steps = spec.val_steps
         self.val = Shard(os.path.join(directory, "val.arrow"), names) \
             if spec.has_validation else None
 
     def epoch(self, epoch: int):
         return self.stream.epoch(epoch, self.steps)
 
-    def validation(self, batch_size: int):
+    def validation(self):
+        """This rank's validation batches (at most val_steps of them)."""
+        import itertools
+
         from horovod_spark.estimator._reader import sequential_batches
 
-        return sequential_batches(self.val, batch_size) if self.val is not None else iter(())
+        if self.val is None:
+            return iter(())
+        return itertools.islice(sequential_batches(self.val, self.val_batch_size), self.val_steps)
 
     def close(self) -> None:
         self.train.close()
@@ -149,4 +164,6 @@ def append_history(history: Dict[str, List[float]], metrics: Dict[str, float]) -
 
 def averaged(names: Sequence[str], sums: Sequence[float], counts: Sequence[float]
              ) -> Dict[str, float]:
-    return {n: (s / c if c else float("nan")) for n, s, c in zip(names, sums, counts)}
+    """Plain floats (a callback prints 0.25, not np.float64(0.25))."""
+    return {n: (float(s) / float(c) if c else float("nan"))
+            for n, s, c in zip(names, sums, counts)}

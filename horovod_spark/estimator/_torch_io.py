@@ -19,7 +19,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 
 __all__ = ["to_inputs", "as_outputs", "shape_label", "label_problem", "batch_loss",
-           "metric_fns", "dumps_model", "loads_model", "make_predictor", "describe_inputs",
+           "metric_fns", "fit_label", "label_tensor", "dumps_model", "loads_model", "make_predictor", "describe_inputs",
            "dry_run"]
 
 
@@ -29,6 +29,12 @@ def _tensor(array: np.ndarray):
     if not array.flags.writeable:  # views of the memory-mapped shard
         array = np.array(array)
     return torch.from_numpy(array)
+
+
+def label_tensor(label: np.ndarray, device: Any = None):
+    """A label column's batch as a tensor in its own dtype (``fit_label`` shapes it)."""
+    t = _tensor(label)
+    return t.to(device) if device is not None else t
 
 
 def to_inputs(features: Sequence[np.ndarray], device: Any = None) -> list:
@@ -52,11 +58,13 @@ def _is_class_index(label, output) -> bool:
 
 def shape_label(label: np.ndarray, output, device: Any = None):
     """The label tensor in the form the loss takes next to ``output``."""
+    return fit_label(label_tensor(label, device), output)
+
+
+def fit_label(t, output):
+    """A label tensor in the form the loss takes next to ``output`` (see the module doc)."""
     import torch
 
-    t = _tensor(label)
-    if device is not None:
-        t = t.to(device)
     if _is_class_index(t, output):
         return t
     if t.dtype != torch.float32:
@@ -84,17 +92,20 @@ def _per_row(loss_fn: Callable, output, label):
 
 
 def batch_loss(loss_fns: Sequence[Callable], outputs: list, labels: list,
-               weights: Optional[Any] = None):
-    """The batch's loss: the sum over labels, weighted per row when ``weights``."""
-    if weights is None and len(outputs) == 1:  # no `0 +` node in the graph
+               weights: Optional[Any] = None, loss_weights: Optional[Sequence[float]] = None):
+    """The batch's loss: the sum over labels (each times its ``loss_weights`` entry),
+    weighted per row when ``weights``."""
+    if weights is None and len(outputs) == 1 and not loss_weights:  # no `0 +` node
         return loss_fns[0](outputs[0], labels[0])
     total = 0
-    for loss_fn, output, label in zip(loss_fns, outputs, labels):
+    scales = loss_weights or [1.0] * len(outputs)
+    for loss_fn, output, label, scale in zip(loss_fns, outputs, labels, scales):
         if weights is None:
-            total = total + loss_fn(output, label)
+            value = loss_fn(output, label)
         else:
             per_row = _per_row(loss_fn, output, label)
-            total = total + (per_row * weights).sum() / weights.sum().clamp_min(1e-12)
+            value = (per_row * weights).sum() / weights.sum().clamp_min(1e-12)
+        total = total + (value * scale if scale != 1.0 else value)
     return total
 
 
@@ -171,6 +182,10 @@ def dry_run(model: Any, loss_fns: Sequence[Callable], feature_cols: Sequence[str
         if problem:
             raise ValueError(problem)
         labels.append(shape_label(sample[name], output))
+    for loss_fn, name, output, label in zip(loss_fns, label_cols, outputs, labels):
+        problem = loss_problem(model, loss_fn, name, sample[name], output, label)
+        if problem:
+            raise ValueError(problem)
     weights = _tensor(sample[weight_col]) if weight_col else None
     try:
         batch_loss(loss_fns, outputs, labels, weights)
@@ -181,3 +196,50 @@ def dry_run(model: Any, loss_fns: Sequence[Callable], feature_cols: Sequence[str
         raise ValueError(f"the loss can't compare the model's output with the label ({shapes}): "
                          f"{type(exc).__name__}: {exc}") from exc
     return [list(o.shape[1:]) for o in outputs]
+
+
+_CLASS_LOSSES = ("CrossEntropyLoss", "NLLLoss", "cross_entropy", "nll_loss")
+
+
+def _loss_name(loss_fn: Callable) -> str:
+    return getattr(loss_fn, "__name__", type(loss_fn).__name__)
+
+
+def loss_problem(model: Any, loss_fn: Callable, name: str, label: np.ndarray, output,
+                 label_t) -> Optional[str]:
+    """Why ``loss_fn`` can't learn ``label`` from ``output`` although their shapes agree,
+    or None: a class loss next to one output value per row (softmax over one value: the
+    loss is 0 whatever the model does), or any loss whose gradient is 0 on the sample."""
+    import torch
+
+    per_row = int(np.prod(output.shape[1:]))
+    loss_name = _loss_name(loss_fn)
+    if loss_name in _CLASS_LOSSES and per_row == 1:
+        classes = int(label.max()) + 1 if label.dtype.kind in "iu" and len(label) else 2
+        linear = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        example = f" (e.g. Linear({linear[-1].in_features}, {max(classes, 2)}))" if linear else ""
+        kind = f"integer classes (up to {classes - 1} in the sample rows)" \
+            if label.dtype.kind in "iu" else f"{label.dtype} values"
+        return (f"{loss_name} for label column '{name}' needs one output value per class, "
+                f"but the model outputs 1 value per row and the label holds {kind}: the loss "
+                f"would be 0 whatever the model learns. Make the model's last layer output "
+                f"one value per class{example}, or use a regression loss such as MSELoss "
+                f"for a numeric label")
+    probe = output.detach().float().requires_grad_(True) if output.is_floating_point() \
+        else None
+    if probe is None:
+        return None
+    try:
+        with torch.enable_grad():
+            value = loss_fn(probe.to(output.dtype), label_t)
+            grad, = torch.autograd.grad(value, probe, allow_unused=True)
+    except Exception:
+        return None  # the full loss call below reports what fails
+    if grad is not None and bool(torch.isfinite(value)) and not bool(grad.abs().sum() > 0):
+        return (f"{loss_name} does not change with the model's output for label column "
+                f"'{name}' (output {list(output.shape)} {output.dtype}, label "
+                f"{list(label_t.shape)} {label_t.dtype}): its gradient is 0 on the sample "
+                f"rows, so training would not move the model; check the loss against the "
+                f"output's shape and the label's dtype")
+    return None
+

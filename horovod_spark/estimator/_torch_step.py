@@ -12,14 +12,17 @@ __all__ = ["Gradients", "Sums", "FLUSH"]
 class Gradients:
     """The optimizer's gradients as views of flat buffers, one per (dtype, device):
     autograd accumulates into them in place, and a step averages them over the
-    ranks with one allreduce (a grouped one for several buffers)."""
+    ranks with one allreduce (a grouped one for several buffers), compressed on
+    the way when a ``compression`` (``hvd.Compression.fp16``) is given."""
 
     NAME = "estimator.gradients"
 
-    def __init__(self, optimizer, hvd):
+    def __init__(self, optimizer, hvd, compression: Any = None):
         from horovod_spark.torch.buckets import Bucket
 
         self.optimizer, self.hvd, self.reduce = optimizer, hvd, hvd.size() > 1
+        self.compression = None if compression is hvd.Compression.none else compression
+        self.steps = 0  # optimizer steps taken
         params = [p for group in optimizer.param_groups for p in group["params"]]
         params = [p for p in dict.fromkeys(params) if p.requires_grad]
         by_kind: Dict[tuple, list] = {}
@@ -38,14 +41,48 @@ class Gradients:
 
     def step(self) -> None:
         """Average the gradients over the ranks, step the optimizer, clear the gradients."""
-        if self.reduce:
+        if self.reduce and self.compression is not None:
+            self._reduce_compressed()
+        elif self.reduce:
             if len(self.buffers) == 1:
                 self.hvd.allreduce_(self.buffers[0], op=self.hvd.Average, name=self.NAME)
             elif self.buffers:
                 self.hvd.grouped_allreduce_(self.buffers, op=self.hvd.Average, name=self.NAME)
         self.optimizer.step()
+        self.steps += 1
         for flat in self.buffers:
             flat.zero_()
+
+    def _reduce_compressed(self) -> None:
+        reduced = self.hvd.grouped_allreduce(self.buffers, op=self.hvd.Average,
+                                             compression=self.compression, name=self.NAME)
+        for flat, out in zip(self.buffers, reduced):
+            flat.copy_(out)
+
+
+class HookOptimizer:
+    """The optimizer a ``train_minibatch_fn`` gets: ``step()`` averages the gradients
+    over the ranks before stepping (on every ``backward_passes_per_step``-th call: the
+    hook's loss is not divided by that count), ``zero_grad()`` leaves the gradient views
+    in place (the step clears them); anything else is the user's optimizer's."""
+
+    def __init__(self, grads: Gradients, k: int):
+        self._grads, self._k, self._calls = grads, k, 0
+
+    def step(self, closure: Any = None) -> None:
+        if closure is not None:
+            raise ValueError("the estimator's optimizer takes no closure in step(); compute "
+                             "the loss and call backward() in train_minibatch_fn")
+        self._calls += 1
+        if self._calls % self._k == 0:
+            self._grads.attach()  # a gradient the hook replaced (set_to_none) is copied in
+            self._grads.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Nothing to do: the gradients are zero after every step."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._grads.optimizer, name)
 
 
 FLUSH = 256  # steps whose values Sums keeps as tensors before it adds them up

@@ -28,7 +28,9 @@ from typing import Any, Dict, Iterator, List, Optional
 import keras
 import numpy as np
 
+from horovod_spark.estimator import _keras_callbacks as kcb
 from horovod_spark.estimator import _keras_io as kio
+from horovod_spark.estimator._events import EventLog
 from horovod_spark.estimator._census import agree
 from horovod_spark.estimator._job import Progress, RankData, TrainSpec, append_history
 
@@ -86,11 +88,13 @@ def _fit(hvd, spec: TrainSpec, data: RankData, entered: float) -> Optional[Dict[
 
     user = cloudpickle.loads(spec.user)
     model = kio.loads_model(user["model"])
+    compression = {"compression": user["gradient_compression"]} \
+        if user.get("gradient_compression") is not None else {}
     opt = hvd.DistributedOptimizer(_optimizer(user),
                                    backward_passes_per_step=spec.backward_passes_per_step,
-                                   average_aggregated_gradients=True)
+                                   average_aggregated_gradients=True, **compression)
     model.compile(optimizer=opt, loss=user["loss"], metrics=user["metrics"] or None,
-                  jit_compile=False)
+                  loss_weights=user.get("loss_weights"), jit_compile=False)
     opt.build(model.trainable_variables)
     rank = hvd.rank()
     start, history = _resume(hvd, spec, model, opt, rank)
@@ -100,18 +104,34 @@ def _fit(hvd, spec: TrainSpec, data: RankData, entered: float) -> Optional[Dict[
                  hvd.callbacks.MetricAverageCallback()]
     if spec.has_validation:
         callbacks.append(_Validation(hvd, spec, data, user, out_shapes))
-    callbacks += _with_progress(list(user.get("callbacks") or []), spec.batch_size)
+    checkpoint = user.get("checkpoint_callback")
+    callbacks += _with_progress(kcb.placed(user.get("callbacks") or [], checkpoint, rank),
+                                spec.batch_size)
     callbacks.append(_EpochEnd(spec, history, progress, rank))
+    trainer = kcb.Trainer(hvd, spec, history, _keep_best(spec, checkpoint))
+    callbacks.append(trainer)
+    callbacks.append(kcb.Events(EventLog(spec.store, spec.run_id, rank, spec.tensorboard,
+                                         spec.log_every_n_steps),
+                                data.steps, spec.batch_size, hvd.size()))
     if start < spec.epochs:
         model.fit(_batches(spec, data, user, range(start, spec.epochs), out_shapes),
                   steps_per_epoch=data.steps, epochs=spec.epochs, initial_epoch=start,
                   verbose=0, shuffle=False, callbacks=callbacks)
     if rank != 0:
         return None
+    trainer.restore_best()
     model_bytes = kio.dumps_model(model, user["custom_objects"])
     spec.store.write_bytes(spec.store.model_path(spec.run_id), model_bytes)
-    return {"model": model_bytes, "history": history,
-            "timings": progress.timings(spec.data_seconds)}
+    return {"model": model_bytes, "history": history, "best_epoch": trainer.best_epoch,
+            "stopped_epoch": trainer.stopped, "timings": progress.timings(spec.data_seconds)}
+
+
+def _keep_best(spec: TrainSpec, checkpoint: Any):
+    """keep_best, or Horovod's meaning of a checkpoint_callback that saves the best only:
+    the fitted model is the epoch it saved last."""
+    if spec.keep_best is None and getattr(checkpoint, "save_best_only", False):
+        return (checkpoint.monitor, getattr(checkpoint, "mode", "auto"))
+    return spec.keep_best
 
 
 def _with_progress(callbacks: list, batch_size: int) -> list:
@@ -136,7 +156,7 @@ class _Validation(keras.callbacks.Callback):
             return
         batches = [_keras_batch(self.spec, b, self.user.get("transformation_fn"),
                                 self.out_shapes)
-                   for b in self.data.validation(self.spec.batch_size)]
+                   for b in self.data.validation()]
         rows = float(sum(len(b[1] if not isinstance(b[1], list) else b[1][0]) for b in batches))
         names = sorted(k for k in logs if np.ndim(logs[k]) == 0)
         values = np.zeros(len(names))

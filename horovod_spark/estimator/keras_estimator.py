@@ -53,6 +53,7 @@ class KerasEstimator(DistributedEstimator):
 
     _required = ("model", "optimizer", "loss", "feature_cols", "label_cols")
     _train_fn = staticmethod(_train_fn)
+    _mlflow_flavor = "keras"
     _model_class = KerasModel
 
     def _dry_run(self, values: Dict[str, Any], sample: Dict[str, Any]) -> List[List[int]]:
@@ -75,12 +76,17 @@ class KerasEstimator(DistributedEstimator):
             "loss": values["loss"], "metrics": values["metrics"],
             "callbacks": values["callbacks"], "custom_objects": custom,
             "transformation_fn": values["transformation_fn"],
-            "output_shapes": output_shapes})
+            "output_shapes": output_shapes, "loss_weights": values["loss_weights"],
+            "gradient_compression": values["gradient_compression"],
+            "checkpoint_callback": values["checkpoint_callback"]})
 
 
 _declare(KerasEstimator, {
     "custom_objects": ("custom layers, losses and metrics by name, for loading the model on "
                        "the ranks and the executors", lambda v: v, None),
+    "checkpoint_callback": ("Horovod's: a keras.callbacks.ModelCheckpoint run on rank 0 (at "
+                            "its own filepath); with save_best_only, the fitted model is the "
+                            "best epoch by its monitor, as keep_best", lambda v: v, None),
 })
 
 

@@ -64,6 +64,39 @@ def _to_positive_int(name: str) -> Callable[[Any], int]:
     return convert
 
 
+def _to_optional_positive_int(name: str) -> Callable[[Any], Any]:
+    positive = _to_positive_int(name)
+    return lambda value: None if value is None else positive(value)
+
+
+def _to_optional_floats(value: Any) -> Any:
+    return None if value is None else TypeConverters.toListFloat(_to_list(value))
+
+
+def _to_early_stopping(value: Any) -> Any:
+    from horovod_spark.estimator.trainer import EarlyStopping
+
+    return EarlyStopping.of(value)
+
+
+def _to_keep_best(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, (list, tuple)) and len(value) == 2 and value[1] in ("min", "max"):
+        return (str(value[0]), value[1])
+    raise TypeError(f"keep_best must be True, a metric name or (name, 'min' | 'max'), "
+                    f"got {value!r}")
+
+
+def _callable_or_none(name: str) -> Callable[[Any], Any]:
+    def convert(value: Any) -> Any:
+        if value is not None and not callable(value):
+            raise TypeError(f"{name} must be callable, got {type(value).__name__}")
+        return value
+
+    return convert
+
+
 def _to_list_string(value: Any) -> Any:
     return None if value is None else TypeConverters.toListString(_to_list(value))
 
@@ -110,7 +143,58 @@ _TRAINING: Dict[str, Tuple[str, Callable[[Any], Any], Any]] = {
     "verbose": ("0: quiet; 1: one line per epoch on rank 0; 2: and per-rank data sizes",
                 TypeConverters.toInt, 1),
     "random_seed": ("seed of the shuffles and of the validation split", TypeConverters.toInt, 0),
+    "val_batch_size": ("rows per validation batch on each rank; default: batch_size",
+                       _to_optional_positive_int("val_batch_size"), None),
+    "train_steps_per_epoch": ("batches every rank trains per epoch; default: the global rows "
+                              "over the global batch, rounded up (an epoch may then pass over "
+                              "the data more or less than once)",
+                              _to_optional_positive_int("train_steps_per_epoch"), None),
+    "validation_steps_per_epoch": ("at most this many validation batches per rank and epoch; "
+                                   "default: all the rank's validation rows",
+                                   _to_optional_positive_int("validation_steps_per_epoch"), None),
+    "gradient_compression": ("hvd.Compression.fp16 (or .none): how gradients travel in the "
+                             "allreduce", _identity, None),
+    "loss_weights": ("one weight per label column's loss; the loss is their weighted sum "
+                     "(default: every weight 1)", _to_optional_floats, None),
+    "early_stopping": ("stop when a metric stops improving: an EarlyStopping(monitor, patience, "
+                       "min_delta, mode) or a dict of those; every rank takes the same "
+                       "decision", _to_early_stopping, None),
+    "keep_best": ("the fitted model is the epoch with the best value of a metric, not the "
+                  "last: True (early_stopping's monitor, else val_loss with validation, else "
+                  "loss), a metric name, or (name, 'min' | 'max'); the history says which "
+                  "epoch (best_epoch)", _to_keep_best, None),
+    "tensorboard": ("write TensorBoard event files on rank 0 under <store>/runs/<run_id>/logs: "
+                    "None (default) when tensorboardX is installed, True (fail without it), "
+                    "False", lambda v: None if v is None else TypeConverters.toBoolean(v), None),
+    "log_every_n_steps": ("TensorBoard: the training loss and learning rate every this many "
+                          "steps (0: per epoch only)", TypeConverters.toInt, 50),
+    "mlflow": ("log the fit to MLflow from the driver (params, per-epoch metrics, the model): "
+               "None (default) when mlflow is installed and a run is active, True (start a run "
+               "if none is active), False", lambda v: None if v is None else
+               TypeConverters.toBoolean(v), None),
 }
+
+# Horovod's params that have no job here: accepted, and named in one warning per fit with
+# what replaces them.
+IGNORED: Dict[str, str] = {
+    "backend": "num_proc sets the number of ranks",
+    "train_reader_num_workers": "each rank memory-maps its own spilled Arrow shard",
+    "val_reader_num_workers": "each rank memory-maps its own spilled Arrow shard",
+    "reader_pool_type": "each rank memory-maps its own spilled Arrow shard",
+    "inmemory_cache_all": "the memory-mapped shard is in the page cache after the first epoch",
+    "shuffle_buffer_size": "shuffle (windows of the rank's shard, reshuffled every epoch)",
+    "partitions_per_process": "the DataFrame is split into num_proc partitions, one per rank",
+    "compress_sparse_cols": "sparse vectors are densified on the JVM, nothing is written out",
+    "transformation_edit_fields": "transformation_fn may add, change and drop batch keys",
+    "transformation_removed_fields": "transformation_fn may add, change and drop batch keys",
+    "label_shapes": "a label takes its model output's shape when it has as many values",
+    "mp_start_method": "each rank is its own process already",
+    "input_shapes": "the model reshapes its inputs in forward() (x.view(-1, 1, 8, 8))",
+    "data_module": "the estimator reads its data itself (fit or fit_on_parquet)",
+    "loader_num_epochs": "epochs (the stream of batches never ends within a fit)",
+}
+_TRAINING.update({name: (f"Horovod's, accepted and ignored: {why}", _identity, None)
+                  for name, why in IGNORED.items()})
 
 # Params a fitted Model carries (they are JSON and persist with the model).
 _MODEL: Dict[str, Tuple[str, Callable[[Any], Any], Any]] = {

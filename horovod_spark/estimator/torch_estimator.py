@@ -20,6 +20,13 @@ from typing import Any, Dict, List
 from horovod_spark.estimator import _torch_io, _train_torch
 from horovod_spark.estimator._estimator import DistributedEstimator
 from horovod_spark.estimator.model import EstimatorModel
+from horovod_spark.estimator.params import _callable_or_none, _declare, _to_list
+
+
+def _interval(value: Any) -> str:
+    if value not in ("epoch", "step"):
+        raise ValueError(f"lr_scheduler_interval must be 'epoch' or 'step', got {value!r}")
+    return value
 
 __all__ = ["TorchEstimator", "TorchModel"]
 
@@ -46,19 +53,18 @@ class TorchEstimator(DistributedEstimator):
 
     _required = ("model", "optimizer", "loss", "feature_cols", "label_cols")
     _train_fn = staticmethod(_train_torch.train)
+    _mlflow_flavor = "pytorch"
     _model_class = TorchModel
 
     def _user_objects(self, values: Dict[str, Any], output_shapes: List[List[int]]) -> bytes:
         _check_torch_objects(values)
-        return _torch_io.dumps_model({
-            "model": values["model"], "optimizer": values["optimizer"], "loss": values["loss"],
-            "metrics": values["metrics"], "transformation_fn": values["transformation_fn"],
-            "callbacks": values["callbacks"]})
+        return _torch_io.dumps_model({name: values[name] for name in _USER})
 
     def _dry_run(self, values: Dict[str, Any], sample: Dict[str, Any]) -> List[List[int]]:
         _check_torch_objects(values)
-        loss = values["loss"]
         labels = values["label_cols"]
+        loss = [make() for make in values["loss_constructors"]] \
+            if values["loss_constructors"] else values["loss"]
         losses = list(loss) if isinstance(loss, (list, tuple)) else [loss] * len(labels)
         if len(losses) != len(labels):
             raise ValueError(f"{len(losses)} losses for {len(labels)} label columns {labels}; "
@@ -67,6 +73,29 @@ class TorchEstimator(DistributedEstimator):
             sample = values["transformation_fn"](dict(sample))
         return _torch_io.dry_run(values["model"], losses, values["feature_cols"], labels,
                                  sample, values["sample_weight_col"])
+
+
+_declare(TorchEstimator, {
+    "lr_scheduler": ("a learning-rate schedule: a factory called with the optimizer on every "
+                     "rank, returning a torch.optim.lr_scheduler object (ReduceLROnPlateau "
+                     "steps on val_loss, else loss)", _callable_or_none("lr_scheduler"), None),
+    "lr_scheduler_interval": ("when the schedule steps: 'epoch' (after each epoch) or 'step' "
+                              "(after each optimizer step)", _interval, "epoch"),
+    "train_minibatch_fn": ("Horovod's custom training step: fn(model, optimizer, "
+                           "transform_outputs, loss_fn, inputs, labels, sample_weights) -> "
+                           "(outputs, loss); its optimizer.step() averages the gradients over "
+                           "the ranks", _callable_or_none("train_minibatch_fn"), None),
+    "val_minibatch_fn": ("the custom validation step: fn(model, transform_outputs, loss_fn, "
+                         "inputs, labels, sample_weights) -> (outputs, loss), run without "
+                         "gradients", _callable_or_none("val_minibatch_fn"), None),
+    "loss_constructors": ("Horovod's: functions called with no arguments on each rank that "
+                          "return the losses (in place of loss)", _to_list, None),
+})
+
+# what travels to the ranks, cloudpickled together
+_USER = ("model", "optimizer", "loss", "metrics", "transformation_fn", "callbacks",
+         "loss_constructors", "loss_weights", "gradient_compression", "lr_scheduler",
+         "lr_scheduler_interval", "train_minibatch_fn", "val_minibatch_fn")
 
 
 def _check_torch_objects(values: Dict[str, Any]) -> None:
