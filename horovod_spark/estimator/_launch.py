@@ -84,6 +84,7 @@ def _stage(spark, df, num_proc: int, job: FitJob, verbose: int):
 
     from horovod_spark import progress
     from horovod_spark._job.driver import BarrierJob, JobOptions
+    from horovod_spark._job.quiet import failure_logs_off
     from horovod_spark._job.settings import DriverSettings
 
     display = progress.Display(verbose)  # the progress bar, from the ranks' records
@@ -102,7 +103,8 @@ def _stage(spark, df, num_proc: int, job: FitJob, verbose: int):
             return df.mapInArrow(body, RESULT_SCHEMA, barrier=True).collect()
 
     try:
-        rows = BarrierJob(spark, opts, name="hvs-fit").attempt(0, b"", stage)
+        with failure_logs_off(spark.sparkContext):  # the fit's error says it all, once
+            rows = BarrierJob(spark, opts, name="hvs-fit").attempt(0, b"", stage)
     finally:
         display.close()
     for row in sorted(rows, key=lambda r: r.partition):
