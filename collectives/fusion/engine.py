@@ -98,7 +98,7 @@ class FusionEngine:
     # -- public API ------------------------------------------------------------
     def submit(self, name: str, kind: str, buffer=None, out=None, op=ReduceOp.SUM,
                prescale: float = 1.0, postscale: float = 1.0, root: int = 0,
-               splits=None, dtype=None, lazy: bool = False) -> Handle:
+               splits=None, dtype=None, lazy: bool = False, strict_join: bool = False) -> Handle:
         """Queue one named op; returns its Handle (wait/poll).
 
         kind: allreduce, allgather, broadcast, alltoall, reducescatter, barrier or join.
@@ -106,6 +106,8 @@ class FusionEngine:
         dtype: the logical DType of a numpy buffer whose storage dtype differs (bfloat16).
         lazy: the caller waits on the handle right away (after its other submissions):
             leave the engine's thread asleep, the wait runs the cycle on its thread.
+        strict_join: an allgather or broadcast fails on every rank still running once any
+            rank has joined (Horovod's rule), instead of going among the running ranks.
 
         Raises:
             ValueError, TypeError: invalid arguments, or `name` is already pending.
@@ -114,7 +116,7 @@ class FusionEngine:
         if kind == "join":
             return self._submit_join()
         req = make_request(name, kind, buffer, out, op, prescale, postscale, root, splits,
-                           dtype, self.rank, self.size, self._sched.on_wait)
+                           dtype, self.rank, self.size, self._sched.on_wait, strict_join)
         if req.sig.device != "cpu":  # ordered after its producer on the caller's stream
             req.ready = self._executor.streams.ready(req.buf.flat)
             self._cuda = True

@@ -123,6 +123,8 @@ class Executor:
         text = None
         if sig.kind == "broadcast" and joined[sig.root]:
             text = f"the broadcast root, rank {sig.root}, has joined"
+        elif sig.strict_join:  # Horovod's rule: a joined rank has no tensor to give
+            text = f"{sig.kind} cannot run while ranks {who} have joined"
         elif sig.kind == "alltoall":
             text = f"alltoall cannot run while ranks {who} have joined"
         elif sig.device != "cpu":

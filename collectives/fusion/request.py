@@ -41,12 +41,13 @@ class Signature(NamedTuple):
     prescale: float
     postscale: float
     device: str = "cpu"
+    strict_join: bool = False  # allgather/broadcast refused once any rank has joined
 
     @classmethod
     def from_json(cls, item: list) -> "Signature":
-        name, kind, dtype, shape, op, root, pre, post, device = item
+        name, kind, dtype, shape, op, root, pre, post, device, strict = item
         return cls(name, kind, int(dtype), tuple(shape), int(op), int(root), float(pre),
-                   float(post), device)
+                   float(post), device, bool(strict))
 
     @property
     def count(self) -> int:
@@ -158,7 +159,7 @@ def _out_buf(out, buf: B.Buf, kind: str, what: str) -> Optional[B.Buf]:
 
 def make_request(name: str, kind: str, buffer, out, op, prescale: float, postscale: float,
                  root: int, splits: Optional[Sequence[int]], dtype: Optional[DType],
-                 rank: int, size: int, kick=None) -> Request:
+                 rank: int, size: int, kick=None, strict_join: bool = False) -> Request:
     """Validate one submission and build its request (raises ValueError / TypeError)."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"every op needs a non-empty name, got {name!r}")
@@ -183,6 +184,7 @@ def make_request(name: str, kind: str, buffer, out, op, prescale: float, postsca
     sig_shape = (-1,) + shape[1:] if kind in _RAGGED else shape
     device = "cuda" if buf.kind == "cuda" else "cpu"
     sig = Signature(name, kind, int(buf.dtype), sig_shape, int(rop),
-                    int(root) if kind == "broadcast" else 0, float(prescale), float(postscale), device)
+                    int(root) if kind == "broadcast" else 0, float(prescale), float(postscale), device,
+                    bool(strict_join) and kind in ("allgather", "broadcast"))
     handle = Handle(name, kind, rank, size, sig, kick)
     return Request(sig, buf, _out_buf(out, buf, kind, what), splits, handle)

@@ -102,15 +102,16 @@ def allreduce_group(arrays: Sequence[np.ndarray], names: Sequence[str], op: Redu
 def broadcast_group(arrays: Sequence[np.ndarray], names: Sequence[str], root: int) -> list:
     """Every array as root has it; returns new arrays."""
     eng = _basics.engine()
-    handles = [eng.submit(n, "broadcast", _moved(np.array(a, copy=True)), root=root, lazy=True)
-               for a, n in zip(arrays, names)]  # a copy: the engine broadcasts in place
+    handles = [eng.submit(n, "broadcast", _moved(np.array(a, copy=True)), root=root, lazy=True,
+                          strict_join=True) for a, n in zip(arrays, names)]  # a copy: the engine broadcasts in place
     return [np.asarray(h.wait()).view(np.asarray(a).dtype).reshape(np.shape(a))
             for h, a in zip(handles, arrays)]
 
 
 def allgather(x: np.ndarray, name: str) -> np.ndarray:
     """Every rank's x concatenated along dim 0 (first dims may differ)."""
-    out = _basics.engine().submit(name, "allgather", _moved(x), lazy=True).wait()
+    out = _basics.engine().submit(name, "allgather", _moved(x), lazy=True,
+                                  strict_join=True).wait()
     return np.asarray(out).view(np.asarray(x).dtype)
 
 
@@ -124,7 +125,8 @@ def alltoall(x: np.ndarray, splits: Optional[Sequence[int]], name: str):
 def allgather_group(arrays: Sequence[np.ndarray], names: Sequence[str]) -> list:
     """allgather of every array, submitted together (fused) and waited for together."""
     eng = _basics.engine()
-    handles = [eng.submit(n, "allgather", _moved(a), lazy=True) for a, n in zip(arrays, names)]
+    handles = [eng.submit(n, "allgather", _moved(a), lazy=True, strict_join=True)
+               for a, n in zip(arrays, names)]
     return [np.asarray(h.wait()).view(np.asarray(a).dtype) for h, a in zip(handles, arrays)]
 
 

@@ -198,7 +198,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
 def allgather_async(tensor, name=None, process_set=global_process_set) -> TorchHandle:
     """Concatenate every rank's tensor along dim 0 (first dimensions may differ)."""
     _check_process_set(process_set)
-    h = _state.submit(_state.op_name("allgather", name), "allgather", tensor)
+    h = _state.submit(_state.op_name("allgather", name), "allgather", tensor, strict_join=True)
     return TorchHandle([h], lambda r: r[0])
 
 
@@ -206,7 +206,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
     """root_rank's tensor on every rank, in a new tensor."""
     _check_process_set(process_set)
     h = _state.submit(_state.op_name("broadcast", name), "broadcast", tensor,
-                               root=root_rank)
+                      root=root_rank, strict_join=True)
     return TorchHandle([h], lambda r: r[0])
 
 
@@ -214,7 +214,7 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
     """root_rank's tensor on every rank, written in place."""
     _check_process_set(process_set)
     h = _state.submit(_state.op_name("broadcast", name), "broadcast", tensor,
-                               out=tensor, root=root_rank)
+                      out=tensor, root=root_rank, strict_join=True)
     return TorchHandle([h], lambda r: tensor)
 
 
@@ -260,8 +260,8 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set) 
     """allgather of each tensor, submitted together; synchronize returns a list."""
     _check_process_set(process_set)
     base = _state.op_name("grouped_allgather", name)
-    return TorchHandle([_state.submit(f"{base}.{i}", "allgather", t) for i, t in enumerate(tensors)],
-                       list)
+    return TorchHandle([_state.submit(f"{base}.{i}", "allgather", t, strict_join=True)
+                        for i, t in enumerate(tensors)], list)
 
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,

@@ -90,4 +90,6 @@ def test_the_vector_sums_to_ready_bits_joined_ranks_and_announcements():
 def test_signatures_survive_the_json_round_trip():
     s = Signature("g", "allgather", int(DType.BFLOAT16), (-1, 3), 0, 0, 1.0, 1.0)
     assert Signature.from_json(__import__("json").loads(C.encode([s]))[0]) == s
+    strict = s._replace(strict_join=True)
+    assert Signature.from_json(__import__("json").loads(C.encode([strict]))[0]) == strict
     assert s.tensor() == "'g' bfloat16[*,3]"

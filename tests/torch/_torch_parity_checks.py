@@ -211,13 +211,33 @@ def join_with_allreduces_pending_elsewhere_contributes_zeros(hvd):
         assert 0 <= last < n and last != first or n == 1, (first, last)
 
 
+def allgather_and_broadcast_after_a_join_raise_on_the_running_ranks(hvd):
+    r, n = hvd.rank(), hvd.size()
+    for op in ("allgather", "broadcast"):
+        if r == 0:
+            last = hvd.join()
+        else:
+            try:
+                if op == "allgather":
+                    hvd.allgather(torch.ones(2), name="join.strict.ag")
+                else:
+                    hvd.broadcast(torch.ones(2), root_rank=n - 1, name="join.strict.bc")
+            except RuntimeError as exc:  # what Horovod's tests catch
+                assert "have joined" in str(exc) and "[0]" in str(exc), exc
+            else:
+                raise AssertionError(f"{op} after rank 0 joined did not raise")
+            last = hvd.join()
+        assert 0 < last < n, (op, last)
+
+
 CHECKS = [integer_average_truncates_toward_zero, integer_scale_factors_scale_as_horovod,
           reducescatter_refuses_a_scalar, reducescatter_gradients_are_horovods,
           errors_are_the_types_horovod_scripts_catch,
           sync_batch_norm_matches_batch_norm_over_every_ranks_batch,
           sparse_gradients_train_an_embedding_with_sparse_adam,
           optimizer_state_with_non_tensor_entries_broadcasts,
-          join_with_allreduces_pending_elsewhere_contributes_zeros]
+          join_with_allreduces_pending_elsewhere_contributes_zeros,
+          allgather_and_broadcast_after_a_join_raise_on_the_running_ranks]
 
 
 def run_all() -> dict:
