@@ -25,8 +25,12 @@ pytestmark = [pytest.mark.notebook, pytest.mark.spark, pytest.mark.slow, pytest.
 EXPECTED = {
     "quick_start": [r"loss per epoch: [0-9. ]+", r"test accuracy: (\d+\.\d)%"],
     "spark_ml_pipeline": [r"test accuracy: (\d+\.\d)%", r"\[0\]<stdout>:epoch 8/8",
-                          r"the loaded pipeline predicts the same: True"],
-    "keras_estimator": [r"test accuracy: (\d+\.\d)%", r"the loaded model predicts the same: True"],
+                          r"the loaded pipeline predicts the same: True",
+                          r"TensorBoard: \d+ step/loss points, epoch/lr \[0\.004, [0-9., ]+0\.002",
+                          r"MLflow run [0-9a-f]+: \d+ params, val_accuracy per epoch \[[0-9., ]+\]"],
+    "keras_estimator": [r"test accuracy: (\d+\.\d)%", r"the loaded model predicts the same: True",
+                        r"TensorBoard: \d+ step/loss points",
+                        r"MLflow run [0-9a-f]+: \d+ params, val_accuracy per epoch \[[0-9., ]+\]"],
     "porting_from_horovod": [r"\[0\]<stdout>:epoch 4: loss", r"exit status: 0"],
 }
 NEEDS = {"keras_estimator": "keras", "porting_from_horovod": "torch"}
