@@ -122,7 +122,7 @@ class BarrierJob:
         checks.wait_for_slots(self.sc, opts.np, opts.start_timeout, say=lambda m: opts.say(1, m))
         return checks.max_result_size(conf)
 
-    def run(self, payload: bytes, stage: Optional[Callable[[TaskSpec], Iterable]] = None,
+    def run(self, payload: bytes, stage: Optional[Callable[..., Iterable]] = None,
             **spec_fields) -> list:
         """Every attempt's stage until one succeeds or `max_restarts` is spent; its rows."""
         opts = self.opts
@@ -139,8 +139,10 @@ class BarrierJob:
         raise AssertionError("unreachable")
 
     def attempt(self, attempt: int, payload: bytes,
-                stage: Optional[Callable[[TaskSpec], Iterable]] = None, **spec_fields) -> list:
-        """One barrier stage: `stage(spec)` returns its collected rows (default: the runner's)."""
+                stage: Optional[Callable[..., Iterable]] = None, **spec_fields) -> list:
+        """One barrier stage: `stage(spec, delivered)` returns its collected rows (default:
+        the runner's); `delivered(rank, blob)` is the rank's encoded result, read from the job
+        store where its task delivered it there (its row then holds b"")."""
         opts, sc = self.opts, self.sc
         job = f"{self.id}/a{attempt}"
         server = self._log_server(job)
@@ -159,9 +161,9 @@ class BarrierJob:
         watch = Watch(opts.np, server, lambda: self._cancel(server, tag), opts.timeout,
                       opts.settings.finish_grace)
         try:
-            rows = (stage or self._runner_stage)(spec)
+            rows = (stage or self._runner_stage)(spec, functools.partial(_delivered, store, job))
             ok = True
-            return rows if stage else _delivered(rows, store, job)
+            return rows
         except Exception as exc:  # py4j's Py4JJavaError and friends: Spark's account of it
             watch.close()
             failure = watch.record or self._jvm_death(exc) or failure_of(server, exc, opts.np)
@@ -170,9 +172,10 @@ class BarrierJob:
             watch.close()
             self._finish(server, tag, ok, store)
 
-    def _runner_stage(self, spec: TaskSpec) -> list:
+    def _runner_stage(self, spec: TaskSpec, delivered: Callable[[int, bytes], bytes]) -> list:
         rdd = self.sc.parallelize(range(self.opts.np), self.opts.np).barrier()
-        return rdd.mapPartitions(functools.partial(run_task, spec)).collect()
+        rows = rdd.mapPartitions(functools.partial(run_task, spec)).collect()
+        return [(rank, delivered(rank, blob)) for rank, blob in rows]
 
     def _log_server(self, job: str) -> Optional[LogServer]:
         opts = self.opts
@@ -255,18 +258,18 @@ class BarrierJob:
         return [RankResult.decode(by_rank[r]).value() for r in wanted]
 
 
-def _delivered(rows, store, job: str) -> list:
-    """The runner stage's rows with each result a task delivered to the job store (b"")
-    read from it (see `spark_store.SparkStore.deliver`)."""
+def _delivered(store, job: str, rank: int, blob: Optional[bytes]) -> Optional[bytes]:
+    """A rank's encoded result: the row's, or the one its task delivered to the job store
+    (the row holds b""; see `spark_store.SparkStore.deliver`)."""
     from .task import delivered_key
 
-    out = []
-    for rank, blob in rows:
-        if blob == b"" and store is not None:
-            blob = store.get(delivered_key(job, rank), 5.0)
-            store.delete(delivered_key(job, rank))
-        out.append((rank, blob))
-    return out
+    if blob != b"" or store is None:
+        return blob
+    key = delivered_key(job, rank)
+    try:
+        return store.get(key, 5.0)
+    finally:
+        store.delete(key)
 
 
 def run_on_spark(spark, fn, args, kwargs, opts: JobOptions) -> list:

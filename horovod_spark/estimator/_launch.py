@@ -97,19 +97,23 @@ def _stage(spark, df, num_proc: int, job: FitJob, verbose: int):
     if shown:  # the loops report each step themselves (progress.report)
         job = dataclasses.replace(job, train_fn=progress.Tracked(job.train_fn))
 
-    def stage(spec):
+    def stage(spec, delivered):
         body = functools.partial(task_body, spec, job)
         with transfer_conf(spark):  # planned and submitted with the transfer's confs
-            return df.mapInArrow(body, RESULT_SCHEMA, barrier=True).collect()
+            rows = df.mapInArrow(body, RESULT_SCHEMA, barrier=True).collect()
+        # rank 0's result (the model) may have gone home through the job store
+        return [(r.partition, r.status, r.message,
+                 delivered(0, r.payload) if r.partition == 0 and r.status == OK else r.payload)
+                for r in rows]
 
     try:
         with failure_logs_off(spark.sparkContext):  # the fit's error says it all, once
             rows = BarrierJob(spark, opts, name="hvs-fit").attempt(0, b"", stage)
     finally:
         display.close()
-    for row in sorted(rows, key=lambda r: r.partition):
-        if row.status != OK:
-            return row.status, row.message
-    blob = next(r.payload for r in rows if r.partition == 0)
+    for _, status, message, _ in sorted(rows, key=lambda r: r[0]):
+        if status != OK:
+            return status, message
+    blob = next(payload for partition, _, _, payload in rows if partition == 0)
     value = RankResult.decode(blob).value()
     return value["problem"] if "problem" in value else (OK, value)
