@@ -19,7 +19,7 @@ from typing import Any, Dict, List
 from horovod_spark.estimator import _keras_io
 from horovod_spark.estimator._estimator import DistributedEstimator
 from horovod_spark.estimator.model import EstimatorModel
-from horovod_spark.estimator.params import _declare
+from horovod_spark.estimator.params import _declare, document_constructor
 
 __all__ = ["KerasEstimator", "KerasModel"]
 
@@ -88,6 +88,7 @@ _declare(KerasEstimator, {
                             "its own filepath); with save_best_only, the fitted model is the "
                             "best epoch by its monitor, as keep_best", lambda v: v, None),
 })
+document_constructor(KerasEstimator)  # again: the signature lists its own params too
 
 
 def _check_keras_objects(values: Dict[str, Any]) -> None:

@@ -276,7 +276,8 @@ def document_constructor(cls: type) -> type:
                                                                            default),
                           width=88, initial_indent="    ", subsequent_indent="        ")
             for name, (doc, _, default) in table.items()]
-    head = inspect.cleandoc(cls.__doc__ or "")
+    # a second call (after a framework declares its own params) replaces the Args section
+    head = inspect.cleandoc(cls.__doc__ or "").split("\n\nArgs:\n")[0]
     cls.__doc__ = head + "\n\nArgs:\n" + "\n".join(args) + "\n"
     return cls
 

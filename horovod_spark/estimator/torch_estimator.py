@@ -20,7 +20,8 @@ from typing import Any, Dict, List
 from horovod_spark.estimator import _torch_io, _train_torch
 from horovod_spark.estimator._estimator import DistributedEstimator
 from horovod_spark.estimator.model import EstimatorModel
-from horovod_spark.estimator.params import _callable_or_none, _declare, _to_list
+from horovod_spark.estimator.params import (_callable_or_none, _declare, _to_list,
+                                            document_constructor)
 
 
 def _interval(value: Any) -> str:
@@ -91,6 +92,7 @@ _declare(TorchEstimator, {
     "loss_constructors": ("Horovod's: functions called with no arguments on each rank that "
                           "return the losses (in place of loss)", _to_list, None),
 })
+document_constructor(TorchEstimator)  # again: the signature lists its own params too
 
 # what travels to the ranks, cloudpickled together
 _USER = ("model", "optimizer", "loss", "metrics", "transformation_fn", "callbacks",

@@ -66,7 +66,9 @@ def test_the_constructor_shows_every_param_with_its_default_and_doc(name):
     cls = getattr(estimator, name)
     signature = inspect.signature(cls)
     assert {p: v.default for p, v in signature.parameters.items()} == \
-        {p: default for p, (_, _, default) in _TRAINING.items()}
+        {p: default for p, (_, _, default) in cls._param_table.items()}
+    assert set(_TRAINING) < set(signature.parameters)  # and the framework's own params
+    assert cls.__doc__.count("Args:") == 1
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in signature.parameters.values())
     text = pydoc.render_doc(cls, renderer=pydoc.plaintext)
     assert "batch_size=32" in text and "Rows per batch on each rank. Default: 32." in text
