@@ -16,11 +16,12 @@ The runs: `num_groups=k` cuts the parameters into k runs in order, `groups`
 names them; `num_groups=0` asks for overlap: runs in reverse order (autograd
 finishes the last layers first), the first about 1 MiB so that the first
 allreduce starts early, the others about 25 MiB (DDP's sizes).  By default
-(`num_groups=None`) the optimizer decides: gradients on CPU ranks that have no
-spare core (local ranks x torch threads >= the cores this process may use) go
-as one run at the end of backward, because there the engine's thread can only
-run on a core that backward needs, and overlap costs more than it hides
-(the torch training benchmark); anywhere else, overlap.  `step()` first calls
+(`num_groups=None`) the optimizer decides, once for the world: where any rank is
+a CPU rank with no spare core (local ranks x torch threads >= the cores this
+process may use), gradients go as one run at the end of backward, because
+there the engine's thread can only run on a core that backward needs, and
+overlap costs more than it hides (the torch training benchmark); anywhere
+else, overlap.  `step()` first calls
 `synchronize()`: it submits what no hook did (a parameter unused this step is
 reduced as zeros, so every rank submits the same names) and waits for every
 handle.  `zero_grad()` zeroes each bucket in one kernel and leaves the
@@ -219,11 +220,24 @@ class _DistributedOptimizer:
 progress.count_steps_of(_DistributedOptimizer)  # its steps are the training steps
 
 
-def auto_groups(params) -> int:
-    """num_groups=None: 1 (no overlap) for CPU ranks without a spare core, else 0 (overlap)."""
+def _crowded(params) -> bool:
+    """This rank's own verdict: CPU gradients and no spare core on its host."""
     if not params or any(p.device.type != "cpu" for p in params):
-        return 0
-    return 1 if _state.local_size() * torch.get_num_threads() >= usable_cores() else 0
+        return False
+    return _state.local_size() * torch.get_num_threads() >= usable_cores()
+
+
+def auto_groups(params) -> int:
+    """num_groups=None: 1 (no overlap) when any rank is a CPU rank without a spare core,
+    else 0 (overlap).  Cores, threads and local sizes differ between hosts, and ranks
+    with different layouts submit bucket names that never match, so the verdict is
+    agreed by the world (a MAX allreduce) before any bucket exists."""
+    verdict = torch.tensor([1 if _crowded(params) else 0], dtype=torch.int32)
+    if _state.size() > 1:
+        with _state.waiting_now():
+            handle = M.allreduce_async(verdict, op=M.Max, name="DistributedOptimizer.layout")
+        verdict = M.synchronize(handle)
+    return int(verdict.item())
 
 
 def _runs(groups, params) -> list:
