@@ -56,6 +56,7 @@ class Communicator:
         self._pending: list = []
         self._lock = threading.Lock()
         self._gpu_lock = threading.Lock()
+        self._transport_base: dict = {}
 
     @classmethod
     def create(cls, store, rank: int, size: int, host: str, bind_addr: str, secret: bytes,
@@ -308,6 +309,14 @@ class Communicator:
 
     def barrier(self) -> None:
         self._run("barrier", "", self.backend.barrier, False)
+
+    def transport_metrics(self, reset: bool = False) -> dict:
+        """Bytes and ops per transport (shm_*, tcp_*) since bootstrap or the last reset."""
+        now = self.backend.transport_metrics()
+        out = {k: v - self._transport_base.get(k, 0) for k, v in now.items()}
+        if reset:
+            self._transport_base = now
+        return out
 
     def close(self) -> None:
         """Finish pending async ops, then release the backends.  Safe to call twice."""

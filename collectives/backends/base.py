@@ -29,6 +29,23 @@ class Topology:
     size: int
     hosts: tuple
     addresses: tuple = ()  # "host:port" per rank where the backend has sockets
+    #: per rank, the identity of its shared-memory group (ranks of one host that see one
+    #: /dev/shm); empty: every host is one group.  Local ranks and sizes stay per host.
+    shm_groups: tuple = ()
+
+    def group_of(self, r: int):
+        return self.shm_groups[r] if self.shm_groups else self.hosts[r]
+
+    @property
+    def shm_ranks(self) -> tuple:
+        """World ranks in this rank's shared-memory group, in rank order."""
+        me = self.group_of(self.rank)
+        return tuple(r for r in range(self.size) if self.group_of(r) == me)
+
+    @property
+    def shm_order(self) -> tuple:
+        """Distinct shared-memory groups in order of their lowest rank."""
+        return tuple(dict.fromkeys(self.group_of(r) for r in range(self.size)))
 
     @property
     def local_ranks(self) -> tuple:
@@ -106,6 +123,10 @@ class Backend:
 
     def barrier(self) -> None:
         self._refuse("barrier")
+
+    def transport_metrics(self) -> dict:
+        """Bytes and ops per transport (the native backend's); {} where not counted."""
+        return {}
 
     def close(self) -> None:
         """Release sockets, shared memory and threads; safe to call twice."""

@@ -4,9 +4,11 @@ A thin layer over `collectives._native` (C++, native/): this file only wires
 the mesh, the store and the config into a native Context and maps the
 Backend methods onto it.  The GIL is released inside every native call.
 
-Shared memory: local rank 0 publishes a fresh random name through the store,
-then creates the segment; the other local ranks attach (retrying until it
-exists); the name is unlinked as soon as all are attached (by the last to
+Shared memory joins the ranks of a *group*: those of one host that see one
+/dev/shm (the mesh tells them apart; containers with host networking make
+several groups on one address, and TCP joins them).  The group's first rank
+("local rank 0" below) publishes a fresh random name through the store, then
+creates the segment; the other local ranks attach (retrying until it exists); the name is unlinked as soon as all are attached (by the last to
 attach, and by the creator or a failing attacher in any case), so a crash at
 any point of bootstrap never leaves a segment in /dev/shm that nobody knows.
 A rank waiting on local rank 0 checks its pid, so a death there is named.
@@ -20,6 +22,7 @@ from typing import Optional, Sequence
 from .. import _native
 from ..errors import CollectiveTimeout, PeerLostError, describe
 from ..types import DType, ReduceOp
+from ._topology_log import configure as _configure_log, describe_topology, log
 from .base import Backend
 from .shm_names import segment_name
 
@@ -56,8 +59,8 @@ def host_cores(topology, pids) -> int:
     mask stands for all of them."""
     try:
         cores = set(os.sched_getaffinity(0))
-        for r, host in enumerate(topology.hosts):
-            if host == topology.hosts[topology.rank] and r != topology.rank:
+        for r in topology.shm_ranks:
+            if r != topology.rank:
                 cores |= os.sched_getaffinity(int(pids[r]))
     except (AttributeError, OSError, ValueError, IndexError):
         return usable_cores()
@@ -84,13 +87,13 @@ class NativeBackend(Backend):
         self._config = config
         tune = dict(TUNING)
         topo = mesh.topology
-        order = topo.host_order
+        order = topo.shm_order  # the native "hosts": groups that share one /dev/shm
         opts = _native.ContextOptions()
         opts.rank, opts.size = topo.rank, topo.size
-        opts.hosts = [order.index(h) for h in topo.hosts]
+        opts.hosts = [order.index(topo.group_of(r)) for r in range(topo.size)]
         opts.pids = [int(p) for p in mesh.pids]
         opts.timeout_s = float(config.timeout)
-        crowded = "crowded_" if topo.local_size > host_cores(topo, mesh.pids) else ""
+        crowded = "crowded_" if len(topo.shm_ranks) > host_cores(topo, mesh.pids) else ""
         opts.spin_ns = int(tune[crowded + "spin_us"] * 1000)
         opts.yield_ns = int(tune[crowded + "yield_us"] * 1000)
         opts.shm_chunk = int(tune[crowded + "shm_chunk"] if crowded else tune["shm_chunk"])
@@ -109,14 +112,17 @@ class NativeBackend(Backend):
         except BaseException:
             self.close()  # the mesh is ours now: no socket outlives a failed bootstrap
             raise
+        _configure_log(config.log_level)
+        if log.isEnabledFor(10):  # logging.DEBUG
+            log.debug(describe_topology(topo, tune, bool(config.shm_cma)))
 
     def _shared_memory(self, store, prefix: str):
         topo, config = self.topology, self._config
-        if topo.local_size == 1:
+        local = topo.shm_ranks
+        if len(local) == 1:
             return None
-        local = topo.local_ranks
         key = f"{prefix}/native/shm/{local[0]}"
-        if topo.local_rank != 0:
+        if topo.rank != local[0]:
             return self._attach(self._wait_for_name(store, key, local[0]), local)
         # Publish first, then create: a death in between leaves nothing behind.
         name = segment_name(os.getpid())  # the parent removes it if this process is killed
@@ -164,7 +170,7 @@ class NativeBackend(Backend):
 
     def _check_alive(self, peer: int, what: str) -> None:
         if not _alive(self._mesh.pids[peer]):
-            raise PeerLostError(self._msg(f"local rank {self.topology.local_ranks.index(peer)} {what}",
+            raise PeerLostError(self._msg(f"local rank {self.topology.shm_ranks.index(peer)} {what}",
                                           "bootstrap", peer=peer))
 
     def _wait_attached(self, seg, local: Sequence[int]) -> None:
@@ -194,6 +200,12 @@ class NativeBackend(Backend):
     def native_context(self):
         """The native context (`_native.Context`), for a fusion lane over it; None once closed."""
         return self._ctx
+
+    def transport_metrics(self) -> dict:
+        """What this rank moved since bootstrap: tcp_ops (ops that sent or received over
+        TCP), tcp_bytes_sent, tcp_bytes_received (payload), shm_ops and shm_bytes (ops
+        through this host's shared segment and their payload)."""
+        return dict(self._native().stats) if self._ctx is not None else {}
 
     def _native(self):
         if self._ctx is None:

@@ -166,8 +166,11 @@ class FusionEngine:
         engine's thread or a caller's).  With a lane, its cycles count in
         cycles, tensors, allreduce_*, collectives and collective_s, and lane_cycles and
         lane_handovers (cycles it coordinated and the engine finished) are added.
+        The backend's transport counters follow (shm_ops, shm_bytes, tcp_ops,
+        tcp_bytes_sent, tcp_bytes_received: see Communicator.transport_metrics).
         """
         out = dict(self._metrics)
+        out.update(self._comm.transport_metrics(reset))
         if self._lane is not None:
             self._lane.add_metrics(out, reset)
         if reset:

@@ -2,7 +2,8 @@
 
 Each rank listens on its bind address (the task's address, never every
 interface), publishes `host:port`, its host identity and pid through the
-store in one collective round, then connects to every lower rank and accepts
+store in one collective round (with the identity of the /dev/shm it sees, which
+splits a host into shared-memory groups), then connects to every lower rank and accepts
 every higher one.  A connection proves the job secret (mutual HMAC) before
 its first payload byte, the peer's rank, is read; one that fails is dropped
 and the listener keeps waiting for the real peer, so a stray or hostile
@@ -55,9 +56,29 @@ def _tune(sock: socket.socket) -> socket.socket:
     return sock
 
 
+def shm_identity(path: str = "/dev/shm") -> str:
+    """Which /dev/shm this process sees: its kernel (boot id) and the mount's device and
+    inode.  Ranks of one host whose identities differ (containers with host networking,
+    each with its own /dev/shm) cannot meet in a segment; equal ones can."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        st = os.stat(path)
+    except OSError:
+        return "unknown"
+    return f"{boot}:{st.st_dev}:{st.st_ino}"
+
+
+def _shm_groups(peers: list, force_tcp: bool) -> tuple:
+    """Per rank: its host, split by what /dev/shm it sees (see shm_identity)."""
+    if force_tcp:
+        return tuple(f"{p['host']}#{r}" for r, p in enumerate(peers))
+    return tuple(f"{p['host']}|{p.get('shm', '')}" for p in peers)
+
+
 def _publish(store, rank, size, host, listener, prefix, timeout):
     addr, port = listener.getsockname()[:2]
-    me = {"host": host, "addr": addr, "port": port, "pid": os.getpid()}
+    me = {"host": host, "addr": addr, "port": port, "pid": os.getpid(), "shm": shm_identity()}
     store.set(f"{prefix}/mesh/rank/{rank}", json.dumps(me).encode())
     peers = []
     for r in range(size):
@@ -157,6 +178,7 @@ def build_mesh(store: Store, rank: int, size: int, host: str, bind_addr: str, se
         listener.close()
     hosts = tuple(f"{p['host']}#{r}" if force_tcp else p["host"] for r, p in enumerate(peers))
     addresses = tuple(f"{p['addr']}:{p['port']}" for p in peers)
-    topo = Topology(rank=rank, size=size, hosts=hosts, addresses=addresses)
+    topo = Topology(rank=rank, size=size, hosts=hosts, addresses=addresses,
+                    shm_groups=_shm_groups(peers, force_tcp))
     return Mesh(topology=topo, socks=socks, pids=tuple(p["pid"] for p in peers),
                 addresses=addresses, rejected=stats["rejected"])

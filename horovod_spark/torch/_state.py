@@ -21,6 +21,7 @@ __all__ = ["init", "shutdown", "is_initialized", "engine", "submit", "waiting_no
            "local_rank", "local_size", "cross_rank", "cross_size", "is_homogeneous",
            "metrics", "record_step", "op_name", "start_timeline", "stop_timeline"]
 
+TRANSPORT_KEYS = ("shm_ops", "shm_bytes", "tcp_ops", "tcp_bytes_sent", "tcp_bytes_received")
 _counters: dict = {}
 _steps = {"steps": 0, "step_time_s": 0.0, "last_step_time_s": 0.0, "sync_wait_s": 0.0}
 
@@ -113,8 +114,11 @@ def metrics(reset: bool = False) -> dict:
     Keys: steps; step_time_s (mean time between optimizer steps);
     last_step_time_s; sync_wait_s (mean time a step waited for its gradients);
     allreduce_time_s (mean time per step inside allreduce collectives);
-    bytes_reduced and bytes_reduced_per_step; tensors_reduced; and the
-    engine's counters (cycles, negotiations, fused_buffers, coordination_s...).
+    bytes_reduced and bytes_reduced_per_step; tensors_reduced; per transport,
+    what this rank moved (shm_ops, shm_bytes: ops through its host's shared
+    memory and their payload; tcp_ops, tcp_bytes_sent, tcp_bytes_received), the
+    engine's coordination included; and the engine's counters (cycles,
+    negotiations, fused_buffers, coordination_s...).
     """
     eng = engine().metrics(reset=reset)
     n = max(_steps["steps"], 1)
@@ -128,6 +132,7 @@ def metrics(reset: bool = False) -> dict:
         "bytes_reduced_per_step": eng["allreduce_bytes"] / n,
         "tensors_reduced": int(eng["allreduce_tensors"]),
     }
+    out.update({k: int(eng[k]) for k in TRANSPORT_KEYS if k in eng})
     out.update({f"engine_{k}": v for k, v in eng.items()})
     if reset:
         last = _steps["_last"]

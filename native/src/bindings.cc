@@ -167,6 +167,12 @@ void bind_context(py::module_& m) {
            "options"_a, "fds"_a, "segment"_a, "addresses"_a)
       .def_property_readonly("hierarchical", [](PyContext& c) { return c.ctx_->hierarchical(); })
       .def_property_readonly("cma", [](PyContext& c) { return std::string(c.ctx_->cma_state()); })
+      .def_property_readonly("stats", [](PyContext& c) {
+        const TransportStats& s = c.ctx_->stats();
+        return py::dict("tcp_ops"_a = s.tcp_ops, "tcp_bytes_sent"_a = s.tcp_sent,
+                        "tcp_bytes_received"_a = s.tcp_received, "shm_ops"_a = s.shm_ops,
+                        "shm_bytes"_a = s.shm_bytes);
+      })
       .def("allreduce", [](PyContext& c, py::buffer src, py::buffer dst, int dtype, int op, long seq) {
         DType dt = dtype_arg(dtype);
         ReduceOp o = op_arg(op);

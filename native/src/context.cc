@@ -87,12 +87,15 @@ const char* Context::cma_state() const {
 
 void Context::tag(const OpTag& t) {
   agree_.tag = t;
-  if (shm_) shm_->set_op(t);
+  if (!shm_) return;
+  shm_->set_op(t);
+  ++stats_.shm_ops;
+  if (t.dtype >= 0) stats_.shm_bytes += t.count * itemsize(static_cast<DType>(t.dtype));
 }
 
 TcpGroup Context::tcp_group(const std::vector<int>& members) {
   return TcpGroup{members, index_of(members, opt_.rank), &links_, opt_.tcp_chunk,
-                  seconds_to_ns(opt_.timeout_s), &staging_, &agree_};
+                  seconds_to_ns(opt_.timeout_s), &staging_, &agree_, &stats_};
 }
 
 Status Context::hier_allreduce(const void* src, void* dst, size_t count, size_t elem, ReduceFn fn) {

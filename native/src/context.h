@@ -69,6 +69,8 @@ class Context {
   // Cross-memory attach in the shm allreduce: "on" or "off" once the local ranks
   // agreed (on the first large allreduce), "unknown" before, "none" without shm.
   const char* cma_state() const;
+  // What this rank moved through each transport (tcp/transfer.h).
+  const TransportStats& stats() const { return stats_; }
 
  private:
   Status check_usable();       // also starts the op: every op counts (Agreement::seq)
@@ -83,6 +85,7 @@ class Context {
   std::unique_ptr<ShmGroup> shm_;
   std::vector<char> staging_;
   Agreement agree_;  // this op, for the TCP headers
+  TransportStats stats_;
   Code failed_ = Code::kOk;
   std::string failure_;
   int failed_peer_ = -1;

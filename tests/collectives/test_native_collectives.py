@@ -114,8 +114,8 @@ def test_ranks_pinned_to_a_core_each_count_every_core_of_the_host_not_one():
     # Each rank's own mask says one core; the host's ranks together have two, so two
     # ranks are not crowded (they spin, then yield, before they sleep).
     import multiprocessing as mp
-    from types import SimpleNamespace
 
+    from collectives.backends.base import Topology
     from collectives.backends.native import host_cores
 
     cores = sorted(os.sched_getaffinity(0))[:2]
@@ -129,7 +129,7 @@ def test_ranks_pinned_to_a_core_each_count_every_core_of_the_host_not_one():
         while any(os.sched_getaffinity(p.pid) != {c} for p, c in zip(procs, cores)):
             assert time.monotonic() < deadline, "the children never pinned themselves"
             time.sleep(0.05)
-        topo = SimpleNamespace(hosts=("h", "h", "elsewhere"), rank=0)
+        topo = Topology(rank=0, size=3, hosts=("h", "h", "elsewhere"))
         before = os.sched_getaffinity(0)
         os.sched_setaffinity(0, {cores[0]})  # this process stands for rank 0, pinned too
         try:

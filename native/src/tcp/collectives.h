@@ -29,6 +29,7 @@ struct TcpGroup {
   uint64_t timeout_ns;
   std::vector<char>* staging;     // grown to `chunk` on demand
   Agreement* agree;               // this op (header.h); never null
+  TransportStats* stats = nullptr;  // the context's counters; may be null
 
   int size() const { return static_cast<int>(members.size()); }
   Link* link(int member) const { return &(*links)[members[member]]; }
@@ -42,6 +43,7 @@ inline TransferOptions group_options(TcpGroup& g, bool both_ways) {
   opt.both_ways = both_ways;
   opt.links = g.links;
   opt.members = &g.members;
+  opt.stats = g.stats;
   return opt;
 }
 

@@ -341,6 +341,14 @@ Status stalled(const Run& r) {
       .with_hint("is that process alive, and in the same collective?");
 }
 
+void count_moved(TransportStats& st, const std::vector<SendItem>& sends,
+           const std::vector<RecvItem>& recvs, const Agreement* agree) {
+  for (const SendItem& it : sends) st.tcp_sent += it.len;
+  for (const RecvItem& it : recvs) st.tcp_received += it.len;
+  const uint64_t seq = agree ? agree->seq : st.last_tcp_seq + 1;
+  if (seq != st.last_tcp_seq) ++st.tcp_ops, st.last_tcp_seq = seq;
+}
+
 }  // namespace
 
 Status transfer(Link* to, const std::vector<SendItem>& sends, Link* from,
@@ -359,6 +367,7 @@ Status transfer(Link* to, const std::vector<SendItem>& sends, Link* from,
     if (now - last_progress >= opt.timeout_ns) return stalled(r);
     HVS_CHECK(wait(r, opt.timeout_ns - (now - last_progress)));
   }
+  if (opt.stats) count_moved(*opt.stats, sends, recvs, opt.agree);
   return Status();
 }
 

@@ -50,6 +50,15 @@ struct RecvItem {
   const char* own;  // reduce only; nullptr means land in place at ptr
 };
 
+// What this rank moved, for metrics: TCP payload bytes sent and received and the
+// ops that moved any (an op counts once however many transfers it runs: its
+// Agreement::seq was last_tcp_seq), and the ops that went through the host's
+// shared segment with their payload bytes.
+struct TransportStats {
+  uint64_t tcp_ops = 0, tcp_sent = 0, tcp_received = 0, last_tcp_seq = 0;
+  uint64_t shm_ops = 0, shm_bytes = 0;
+};
+
 struct TransferOptions {
   uint64_t timeout_ns;
   ReduceFn fn = nullptr;
@@ -64,6 +73,7 @@ struct TransferOptions {
   bool chain_ack = false;  // both ways: the header back on `from` waits for the checks of both
   std::vector<Link>* links = nullptr;         // by world rank; watched: those of
   const std::vector<int>* members = nullptr;  // these ranks that it does not read
+  TransportStats* stats = nullptr;            // counted into on success; may be null
 };
 
 // Runs both streams (and the headers) to completion.  `to` or `from` may be
