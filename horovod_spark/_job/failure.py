@@ -79,6 +79,10 @@ def _replace(failure: Failure, **changes) -> Failure:
 
 
 _BARRIER_TASK = re.compile(r"barrier task ResultTask\(\d+, (\d+)\) finished unsuccessfully")
+# Spark's words for a lost executor, kept verbatim: "ExecutorLostFailure (executor 1 exited
+# caused by one of the running tasks) Reason: Command exited with code 137"
+_EXECUTOR_LOST = re.compile(r"ExecutorLostFailure \(executor (\S+)[^\n]*")
+_TASK_HOST = re.compile(r"\(([^\s()]+) executor \S+\)")
 
 
 def spark_failure(text: str, np_: int) -> Failure:
@@ -89,6 +93,14 @@ def spark_failure(text: str, np_: int) -> Failure:
     # Spark's headline says "stage failure"; the line after it says why (the crash, the loss)
     cause = next((ln for ln in lines[1:] if "Exception" in ln or "Error" in ln), None)
     message = cause or (lines[0] if lines else "unknown Spark failure")
+    lost = _EXECUTOR_LOST.search(text)
+    if lost:
+        where = _TASK_HOST.search(text)
+        return Failure(int(task.group(1)) if task else None, "ExecutorLost",
+                       f"executor {lost.group(1)} was lost: {lost.group(0).strip()[:1000]}",
+                       size=np_, host=where.group(1) if where else None,
+                       hint="the executor's JVM died (exit code 137 is SIGKILL: often the OOM "
+                            "killer or the cluster manager; check its memory and its Worker's log)")
     if "maxResultSize" in text:
         return Failure(int(task.group(1)) if task else None, "ResultTooLarge", message[:2000],
                        size=np_, hint="the ranks' results together are over "
@@ -102,6 +114,8 @@ def failure_of(server: Optional[LogServer], exc: BaseException, np_: int) -> Fai
     """The root cause of a failed attempt, from the log channel and Spark's exception text."""
     text = str(exc)
     spark = spark_failure(text, np_)
+    if server is not None and spark.rank is not None and not spark.host:
+        spark = _replace(spark, host=server.hosts.get(spark.rank))  # where its task ran
     known = [Failure.from_dict(r) for r in parse_failure_markers(text)]
     if spark.rank is not None:
         known.append(spark)

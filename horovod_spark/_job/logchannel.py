@@ -254,6 +254,7 @@ class LogServer:
         self._conns: dict = {}
         self.failures: list = []   # failure records, in order of arrival
         self.done: set = set()     # ranks whose every line arrived
+        self.hosts: dict = {}      # rank -> the address its task connected from
         self.rejected = 0          # connections that failed the handshake or the hello
         self._closed = False
         self._gate = AcceptGate()
@@ -294,6 +295,10 @@ class LogServer:
             rank, channel = hello
             with self._cond:
                 self._conns[rank] = (conn, channel)
+                try:
+                    self.hosts[rank] = conn.getpeername()[0]
+                except OSError:
+                    pass
             try:
                 while self._handle(rank, recv_frame(conn, channel)):
                     pass
