@@ -81,8 +81,16 @@ class DistributedEstimator(Estimator, EstimatorParams):
         if direct is not None:  # the tasks read the files: the stage needs num_proc partitions
             job = dataclasses.replace(job, parquet=direct)
             prepared = spark.range(0, num_proc, 1, num_proc)
+        store = job.train.store
+        probe = store.join("runs", job.train.run_id, f".shared-{uuid.uuid4().hex[:12]}")
+        store.write_bytes(probe, b"written by the driver: every rank must see this file\n")
+        job = dataclasses.replace(job, train=dataclasses.replace(
+            job.train, store_probe=probe, resume=bool(values["run_id"])))
         checked, stage_start = time.perf_counter(), time.time()
-        result = self._run(spark, prepared, num_proc, job, values["verbose"])
+        try:
+            result = self._run(spark, prepared, num_proc, job, values["verbose"])
+        finally:
+            store.remove(probe)
         done = time.perf_counter()
         result.setdefault("timings", {}).setdefault("stamps", {}).update(
             stage_start=stage_start, stage_end=time.time())

@@ -49,6 +49,8 @@ class TrainSpec:
     log_every_n_steps: int = 50
     early_stopping: Any = None               # trainer.EarlyStopping
     keep_best: Optional[Tuple[str, str]] = None  # (metric, mode) that picks the fitted epoch
+    store_probe: str = ""                    # a file the driver wrote in the store (_census)
+    resume: bool = False                     # run_id was given: a later fit resumes it
 
 
 @dataclasses.dataclass(frozen=True)
