@@ -52,6 +52,8 @@ def _wait_census(directory: str) -> dict:
 def _sees(spec) -> bool:
     try:
         return not spec.store_probe or spec.store.exists(spec.store_probe)
+    except NotImplementedError:  # a Store of the user's that cannot tell: not our business
+        return True
     except Exception:  # a store this rank cannot even reach is not shared either
         return False
 

@@ -81,16 +81,15 @@ class DistributedEstimator(Estimator, EstimatorParams):
         if direct is not None:  # the tasks read the files: the stage needs num_proc partitions
             job = dataclasses.replace(job, parquet=direct)
             prepared = spark.range(0, num_proc, 1, num_proc)
-        store = job.train.store
-        probe = store.join("runs", job.train.run_id, f".shared-{uuid.uuid4().hex[:12]}")
-        store.write_bytes(probe, b"written by the driver: every rank must see this file\n")
+        probe = _write_probe(job.train.store, job.train.run_id)
         job = dataclasses.replace(job, train=dataclasses.replace(
             job.train, store_probe=probe, resume=bool(values["run_id"])))
         checked, stage_start = time.perf_counter(), time.time()
         try:
             result = self._run(spark, prepared, num_proc, job, values["verbose"])
         finally:
-            store.remove(probe)
+            if probe:
+                job.train.store.remove(probe)
         done = time.perf_counter()
         result.setdefault("timings", {}).setdefault("stamps", {}).update(
             stage_start=stage_start, stage_end=time.time())
@@ -147,6 +146,17 @@ class DistributedEstimator(Estimator, EstimatorParams):
         fraction = validation if isinstance(validation, float) else 0.0
         return FitJob(specs=tuple(specs), validation_fraction=fraction, train=train,
                           train_fn=type(self)._train_fn)
+
+
+def _write_probe(store, run_id: str) -> str:
+    """A file every rank must see before training (see _census.store_problem); "" where
+    the Store cannot write one (a Store of the user's without write_bytes)."""
+    probe = store.join("runs", run_id, f".shared-{uuid.uuid4().hex[:12]}")
+    try:
+        store.write_bytes(probe, b"written by the driver: every rank must see this file\n")
+    except NotImplementedError:
+        return ""
+    return probe
 
 
 def _default_store_dir() -> str:

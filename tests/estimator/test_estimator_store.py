@@ -88,3 +88,29 @@ def test_horovods_store_names_map_their_paths():
     assert hdfs_url("hdfs://nn/x", "other", 1) == "hdfs://nn/x"
     with pytest.raises(ValueError, match="hdfs:// URL"):
         hdfs_url("s3://bucket/x")
+
+
+def _spec(store, probe, resume):
+    from horovod_spark.estimator._job import TrainSpec
+
+    return TrainSpec(user=b"", feature_cols=("x",), label_cols=("y",), weight_col=None,
+                     batch_size=1, epochs=1, shuffle=False, seed=0, backward_passes_per_step=1,
+                     use_gpu=False, verbose=0, store=store, run_id="r", has_validation=False,
+                     store_probe=probe, resume=resume)
+
+
+def test_a_store_some_ranks_cannot_see_is_refused_where_the_run_would_resume(tmp_path, capfd):
+    from horovod_spark.estimator._census import PROBLEM, _sees, store_problem
+
+    store = LocalStore(str(tmp_path))
+    probe = store.join("runs", "r", ".shared-1")
+    store.write_bytes(probe, b"x")
+    assert _sees(_spec(store, probe, True))
+    assert not _sees(_spec(store, probe + "-elsewhere", True))
+    censuses = [{"partition": 0, "store_seen": True, "host": "a"},
+                {"partition": 1, "store_seen": False, "host": "b"}]
+    status, message = store_problem(censuses, _spec(store, probe, True), warn=True)
+    assert status == PROBLEM and "ranks [1] (on hosts ['b'])" in message and "HDFS" in message
+    assert store_problem(censuses, _spec(store, probe, False), warn=True) is None
+    assert "is not shared" in capfd.readouterr().err
+    assert store_problem(censuses[:1], _spec(store, probe, True), warn=True) is None
