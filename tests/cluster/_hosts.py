@@ -163,13 +163,21 @@ class Netns:
         with open(self._etc_hosts, "w") as f:
             f.write("\n".join(lines) + "\n")
 
-    def shape(self, rate: str, delay: str) -> None:
-        """Every host link at `rate`, `delay` each way (tc netem on both ends of each veth)."""
+    def shape(self, rate: str, delay: str) -> str:
+        """Every host link at `rate` and `delay` each way, on both ends of each veth: netem
+        where the kernel has it, else tbf (rate only: no delay).  Returns what was applied."""
+        applied = f"netem rate {rate} delay {delay}"
         for i, host in enumerate(self.hosts, 1):
             for ns, dev in ((host.netns, "eth0"), (self.bridge, f"v{i}")):
-                subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev,
-                                "root", "netem", "rate", rate, "delay", delay, "limit", "100000"],
+                tc = ["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root"]
+                if applied.startswith("netem") and subprocess.run(
+                        tc + ["netem", "rate", rate, "delay", delay, "limit", "100000"],
+                        capture_output=True).returncode == 0:
+                    continue
+                applied = f"tbf rate {rate} (this kernel has no netem: no delay)"
+                subprocess.run(tc + ["tbf", "rate", rate, "burst", "256kb", "latency", "50ms"],
                                check=True, capture_output=True)
+        return applied
 
     def link(self, host: Host, up: bool) -> None:
         """Cut or restore a host's link (on the bridge side, as a switch port)."""

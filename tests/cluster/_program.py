@@ -18,7 +18,8 @@ import horovod_spark  # noqa: E402
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-COUNTS = (0, 1, 7, 1023, 1 << 18)  # elements: empty, one, odd, below and above chunk sizes
+COUNTS = (0, 1, 7, 1023, 1 << 18)
+FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"  # elements: empty, one, odd, below and above chunk sizes
 
 
 def session(cores_max: int, executor_cores: int, conf=()):
@@ -31,6 +32,9 @@ def session(cores_max: int, executor_cores: int, conf=()):
          .config("spark.executor.cores", str(executor_cores))
          .config("spark.executor.memory", "600m").config("spark.driver.memory", "600m")
          .config("spark.ui.enabled", "false")
+         # short-lived JVMs on 2 shared cores: C1 only and a serial GC start them faster
+         .config("spark.executor.extraJavaOptions", FAST_JVM)
+         .config("spark.driver.extraJavaOptions", FAST_JVM)
          .config("spark.executorEnv.PYTHONPATH", ROOT)
          .config("spark.executorEnv.OMP_NUM_THREADS", "1")
          .config("spark.python.worker.reuse", "true"))
@@ -110,7 +114,7 @@ def expected_sums(size: int, counts) -> dict:
 def scenario_collectives(a: dict) -> dict:
     """Both rendezvous modes in one app: every rank's account, and numpy's sums."""
     started = time.monotonic()
-    spark = session(a["np"], a["executor_cores"])
+    spark = session(a["np"], a["executor_cores"], a.get("conf", ()))
     runs, seconds = {}, {"session": time.monotonic() - started}
     for mode in a.get("modes", ("driver", "spark")):
         os.environ["HOROVOD_SPARK_RENDEZVOUS"] = mode
@@ -147,11 +151,49 @@ def scenario_fault(a: dict) -> dict:
                           env=a.get("env"), verbose=0)
         return {"error": None}
     except Exception as exc:  # the error under test
-        return {"error": str(exc), "type": type(exc).__name__,
+        return {"error": str(exc), "type": type(exc).__name__, "failed_at": time.monotonic(),
                 "seconds": time.monotonic() - started}
 
 
-SCENARIOS = {"collectives": scenario_collectives, "fault": scenario_fault}
+def scenario_estimator(a: dict) -> dict:
+    """TorchEstimator fit, transform, save and load with a shared Store; then a fit that
+    names a run_id with a Store on each host's own /tmp: refused before training."""
+    import numpy as np
+    import torch
+
+    from horovod_spark.estimator import Store, TorchEstimator, TorchModel
+
+    spark = session(a["np"], a["executor_cores"])
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 8))
+    rows = [(x_.tolist(), float(x_.sum() > 0)) for x_ in x]
+    df = spark.createDataFrame(rows, ["features", "label"])
+    torch.manual_seed(0)
+
+    def estimator(store, run_id=None):
+        net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+        return TorchEstimator(num_proc=a["np"], model=net, loss=torch.nn.BCEWithLogitsLoss(),
+                              optimizer=torch.optim.Adam(net.parameters(), lr=0.02),
+                              feature_cols=["features"], label_cols=["label"], batch_size=32,
+                              epochs=3, store=store, run_id=run_id, verbose=0)
+
+    model = estimator(Store.create(a["shared"])).fit(df)
+    out = model.transform(df).select("label", "label__output").collect()
+    path = os.path.join(a["shared"], "saved-model")
+    model.write().overwrite().save(path)
+    again = TorchModel.load(path).transform(df).select("label__output").collect()
+    same = [r.label__output for r in out] == [r.label__output for r in again]
+    try:
+        estimator(Store.create("/tmp/hvs-host-local-store"), run_id="resumable").fit(df)
+        refused = None
+    except Exception as exc:  # the error under test
+        refused = str(exc)
+    return {"rows": len(out), "history": model.getHistory(), "reloaded_same": same,
+            "refused": refused}
+
+
+SCENARIOS = {"collectives": scenario_collectives, "fault": scenario_fault,
+             "estimator": scenario_estimator}
 
 if __name__ == "__main__":
     name, args = sys.argv[1], json.loads(sys.argv[2])

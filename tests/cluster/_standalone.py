@@ -50,6 +50,7 @@ class Standalone:
         env.update(SPARK_HOME=self.home, PYSPARK_PYTHON=sys.executable,
                    PYSPARK_DRIVER_PYTHON=sys.executable, PYTHONPATH=ROOT,
                    SPARK_DAEMON_MEMORY="256m", SPARK_NO_DAEMONIZE="1",
+                   SPARK_DAEMON_JAVA_OPTS="-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
                    PYTHONDONTWRITEBYTECODE="1")
         env.setdefault("OMP_NUM_THREADS", "1")
         return env
