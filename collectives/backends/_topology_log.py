@@ -1,7 +1,7 @@
 """One DEBUG line per communicator: where its ranks are and which path each size takes.
 
-HOROVOD_LOG_LEVEL=DEBUG prints it on every rank, as the native backend
-starts, so that a reader of the job's output sees which transport carries
+HOROVOD_LOG_LEVEL=DEBUG (applied by collectives.logs when a rank joins) prints
+it on every rank, as the native backend starts, so that a reader of the job's output sees which transport carries
 what: the hosts, their shared-memory groups (ranks of a host that see one
 /dev/shm), the TCP ring between the groups' first ranks, and the allreduce
 algorithm per message size.
@@ -9,24 +9,10 @@ algorithm per message size.
 from __future__ import annotations
 
 import logging
-import sys
 
-__all__ = ["configure", "describe_topology", "log"]
+__all__ = ["describe_topology", "log"]
 
-log = logging.getLogger("collectives")
-
-
-def configure(level: str) -> None:
-    """Apply HOROVOD_LOG_LEVEL to the `collectives` logger; below WARNING it also gets a
-    handler on stderr (the rank's output, which the launcher streams to the driver)."""
-    level = (level or "WARNING").upper()
-    if level not in ("DEBUG", "INFO"):
-        return
-    log.setLevel(level)
-    if not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("collectives %(levelname)s: %(message)s"))
-        log.addHandler(handler)
+log = logging.getLogger("collectives.topology")
 
 
 def _kib(n: int) -> str:

@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 from .. import _native
 from ..errors import CollectiveTimeout, PeerLostError, describe
 from ..types import DType, ReduceOp
-from ._topology_log import configure as _configure_log, describe_topology, log
+from ._topology_log import describe_topology, log
 from .base import Backend
 from .shm_names import segment_name
 
@@ -112,7 +112,6 @@ class NativeBackend(Backend):
         except BaseException:
             self.close()  # the mesh is ours now: no socket outlives a failed bootstrap
             raise
-        _configure_log(config.log_level)
         if log.isEnabledFor(10):  # logging.DEBUG
             log.debug(describe_topology(topo, tune, bool(config.shm_cma)))
 
