@@ -25,9 +25,9 @@ FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"  # elements: empty, one, o
 def session(cores_max: int, executor_cores: int, conf=()):
     from pyspark.sql import SparkSession
 
-    b = (SparkSession.builder.master(os.environ["HVS_TEST_MASTER"]).appName("hvs-cluster-test")
-         .config("spark.driver.host", os.environ["HVS_TEST_DRIVER_HOST"])
-         .config("spark.driver.bindAddress", os.environ["HVS_TEST_DRIVER_HOST"])
+    b = (SparkSession.builder.master(os.environ["CLUSTER_TEST_MASTER"]).appName("hvs-cluster-test")
+         .config("spark.driver.host", os.environ["CLUSTER_TEST_DRIVER_HOST"])
+         .config("spark.driver.bindAddress", os.environ["CLUSTER_TEST_DRIVER_HOST"])
          .config("spark.cores.max", str(cores_max))
          .config("spark.executor.cores", str(executor_cores))
          .config("spark.executor.memory", "600m").config("spark.driver.memory", "600m")

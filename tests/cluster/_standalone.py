@@ -106,10 +106,10 @@ class Standalone:
             return "(no log)"
 
     def driver(self, script: str, args: Sequence[str] = (), env: Optional[Dict[str, str]] = None,
-               timeout: float = 240.0) -> subprocess.Popen:
+               timeout: float = 480.0) -> subprocess.Popen:
         """Start a driver program in the head box; read it with `finish`."""
-        full = {**self._env(self.head), "HVS_TEST_MASTER": self.url,
-                "HVS_TEST_DRIVER_HOST": self.head.address, **(env or {})}
+        full = {**self._env(self.head), "CLUSTER_TEST_MASTER": self.url,
+                "CLUSTER_TEST_DRIVER_HOST": self.head.address, **(env or {})}
         log = open(os.path.join(self.logs, f"driver-{os.path.basename(script)}-{time.time_ns()}.log"),
                    "w+")
         proc = self.head.box.spawn([sys.executable, script, *args], full, log.name)

@@ -79,6 +79,7 @@ def test_placement_two_one_one_trains_with_the_default_optimizer(cluster):
     """Executors of one core each: 2 ranks on one host, 1 on two others (placement
     2+1+1), with the default DistributedOptimizer: done, identical weights."""
     result = _run(cluster, 4, modes=["driver"], executor_cores=1)
+    print(f"placement 2+1+1: seconds {result['seconds']}")
     ranks = result["runs"]["driver"]
     assert sorted(r["local_size"] for r in ranks) == [1, 1, 2, 2]
     assert len({r["weights"] for r in ranks}) == 1
