@@ -32,7 +32,7 @@ class Config:
     stall_check_time: float = 60.0
     #: Seconds before a stall fails the ops that wait (a named error on their ranks); 0: never
     #: (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS).
-    stall_shutdown_time: float = 300.0
+    stall_shutdown_time: float = 120.0
     #: Python logging level name (HOROVOD_LOG_LEVEL).
     log_level: str = "WARNING"
     #: "auto", "native", "mpi" or "nccl" (HOROVOD_SPARK_BACKEND).

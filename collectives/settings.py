@@ -114,7 +114,7 @@ SETTINGS = (
     _config("HOROVOD_TIMELINE", "timeline", None, str, "path of a Chrome-trace timeline (rank 0)"),
     _config("HOROVOD_STALL_CHECK_TIME_SECONDS", "stall_check_time", 60.0, float,
             "seconds before a tensor some ranks never submit is reported"),
-    _config("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "stall_shutdown_time", 300.0, float,
+    _config("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "stall_shutdown_time", 120.0, float,
             "seconds of stall before the ops that wait fail; 0: never"),
     _config("HOROVOD_LOG_LEVEL", "log_level", "WARNING", parse_log_level,
             "Python logging level of the collectives and horovod_spark loggers on the ranks"),
