@@ -16,6 +16,7 @@ from ._job import checks
 from . import progress
 from ._job.driver import JobFailedError, JobOptions, run_on_driver, run_on_spark
 from ._job.session import get_session
+from ._job.cluster import Cluster
 from ._job.settings import DriverSettings
 
 __all__ = ["HorovodRunner", "run", "JobFailedError"]
@@ -144,7 +145,7 @@ def run(fn: Callable[..., Any], args: Sequence = (), kwargs: Optional[Mapping[st
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
     if num_proc is None:
-        num_proc = get_session().sparkContext.defaultParallelism
+        num_proc = Cluster(get_session()).default_parallelism()
     env_items = _env_items(env)
     settings = DriverSettings.read(env_items)  # the driver's edge: each job reads its switches
     opts = JobOptions(np=checks.check_np(num_proc), env=env_items, stdout=stdout, stderr=stderr,

@@ -15,7 +15,7 @@ import time
 from typing import Optional
 
 __all__ = ["check_np", "check_dynamic_allocation", "check_gpus", "wait_for_slots",
-           "expected_slots", "parse_bytes", "max_result_size", "check_result_size"]
+           "expected_slots", "local_slots", "parse_bytes", "max_result_size", "check_result_size"]
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
           "g": 1 << 30, "gb": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "p": 1 << 50, "pb": 1 << 50}
@@ -133,51 +133,64 @@ def expected_slots(conf, master: str) -> Optional[int]:
     return None
 
 
-def available_slots(sc) -> int:
-    """Slots of the executors registered now (Spark's own barrier-stage count)."""
-    jsc = sc._jsc.sc()
-    profile = jsc.resourceProfileManager().defaultResourceProfile()
-    return int(jsc.maxNumConcurrentTasks(profile))
+def local_slots(conf, master: str) -> Optional[int]:
+    """Slots of a local[N] master (N / spark.task.cpus); None for local[*] or another master."""
+    m = re.fullmatch(r"local(?:\[\s*(\d+)\s*(?:,\s*\d+\s*)?\])?", master)
+    if not m:
+        return None
+    return int(m.group(1) or 1) // max(int(_float(conf, "spark.task.cpus") or 1), 1)
 
 
-def _executors(sc) -> int:
-    n = int(sc._jsc.sc().getExecutorMemoryStatus().size())
-    return n if _is_local(sc.master) else max(n - 1, 0)  # the driver is listed too
-
-
-def _slots_message(sc, conf, np_: int, slots: int, promised: Optional[int], waited: float) -> str:
+def _slots_message(cluster, np_: int, slots: Optional[int], promised: Optional[int],
+                   waited: float) -> str:
+    conf = cluster.conf
     msg = f"np={np_} ranks need {np_} barrier task slots, but the cluster has {slots}"
     if promised is not None and promised != slots:
         msg += f" ({promised} once every configured executor is up)"
     if waited:
         msg += f" after waiting {waited:g} s for executors"
-    msg += f" [{_executors(sc)} executor(s) of master {sc.master}, " \
-           f"spark.task.cpus={conf.get('spark.task.cpus', '1')}"
+    executors = cluster.executors()
+    msg += (f" [{executors} executor(s) of" if executors is not None else " [") + \
+        f" master {cluster.master}, spark.task.cpus={conf.get('spark.task.cpus', '1')}"
     task_gpu = _float(conf, "spark.task.resource.gpu.amount")
     if task_gpu:
         msg += f", {_float(conf, 'spark.executor.resource.gpu.amount'):g} GPU(s) per executor, " \
                f"{task_gpu:g} per task"
-    best = max(slots, promised or 0)
+    best = max(slots or 0, promised or 0)
     msg += "]; " + (f"run with np={best}, or " if best else "") + \
         "add executors, cores or GPUs, or pass np < 0 to run the ranks locally on the driver"
     return msg
 
 
-def wait_for_slots(sc, np_: int, timeout: float, poll: float = 0.2, say=None) -> int:
+def wait_for_slots(cluster, np_: int, timeout: float, poll: float = 0.2, say=None) -> Optional[int]:
     """Wait (up to `timeout`) for np_ slots; raise ValueError when they cannot come.
 
-    `say(message)` hears, every 10 s of waiting, how many slots there are so far.
+    `cluster` is the session's `cluster.Cluster`.  `say(message)` hears, every 10 s of
+    waiting, how many slots there are so far, and, once, where they cannot be counted
+    (a Spark Connect client whose configuration promises no number).
     """
-    conf = sc.getConf()
-    promised = expected_slots(conf, sc.master)
+    promised = expected_slots(cluster.conf, cluster.master)
+    if cluster.connect:  # no scheduler to ask: what the configuration promises
+        slots = cluster.available_slots()
+        if slots is None:
+            if say is not None:
+                cluster.tell_once(
+                    f"cannot count the barrier task slots from a Spark Connect client (master "
+                    f"{cluster.master or 'unknown'}); with fewer than np={np_} free, Spark fails "
+                    f"the stage after its own retries", say)
+            return None
+        if slots < np_:
+            raise ValueError(_slots_message(cluster, np_, slots, None, 0))
+        return slots
     start = next_note = time.monotonic()
     while True:
-        slots = available_slots(sc)
+        slots = cluster.available_slots()
         if slots >= np_:
             return slots
         waited = time.monotonic() - start
-        if _is_local(sc.master) or (promised is not None and promised < np_) or waited >= timeout:
-            raise ValueError(_slots_message(sc, conf, np_, slots, promised, round(waited, 1)))
+        if _is_local(cluster.master) or (promised is not None and promised < np_) or \
+                waited >= timeout:
+            raise ValueError(_slots_message(cluster, np_, slots, promised, round(waited, 1)))
         if say is not None and time.monotonic() >= next_note + 10:
             next_note = time.monotonic()
             say(f"waiting for executors: {slots} of the {np_} task slots after {waited:.0f} s "

@@ -9,8 +9,10 @@ submits (slots, GPU amounts, dynamic allocation), runs each attempt's stage
 with the task spec it built, turns a failed stage into one `JobFailedError`
 naming the root cause (see `failure`), and cleans up in `finally` (abort frame
 to every task, job cancel, log server and store closed).  The stage itself is
-the caller's: the runner's is `sc.parallelize(range(np)).barrier()`; a fit's is
-the DataFrame's own partitions, through `mapInArrow(..., barrier=True)`.
+the caller's: the runner's is `spark.range(np, numPartitions=np)` through a
+barrier `mapInArrow` (see `cluster`); a fit's is the DataFrame's own partitions,
+through `mapInArrow(..., barrier=True)`.  Both run on classic and Spark Connect
+sessions: what the job asks of its session goes through `cluster.Cluster`.
 """
 from __future__ import annotations
 
@@ -111,16 +113,18 @@ class BarrierJob:
     def __init__(self, spark, opts: JobOptions, files: Optional[Mapping[str, str]] = None,
                  name: str = "hvs") -> None:
         self.spark, self.opts, self.files = spark, opts, dict(files or {})
-        self.sc = spark.sparkContext
+        from .cluster import Cluster
+
+        self.cluster = Cluster(spark, opts.settings.client_address or "")
         self.result_limit = self._checks_before_submit()
         self.secret, self.id = os.urandom(32), f"{name}-{uuid.uuid4().hex[:12]}"
 
     def _checks_before_submit(self) -> int:
-        conf, opts = self.sc.getConf(), self.opts
-        checks.check_dynamic_allocation(conf, self.sc.master)
-        checks.check_gpus(conf, opts.np, warn=lambda m: opts.say(1, f"warning: {m}"))
-        checks.wait_for_slots(self.sc, opts.np, opts.start_timeout, say=lambda m: opts.say(1, m))
-        return checks.max_result_size(conf)
+        cluster, opts = self.cluster, self.opts
+        checks.check_dynamic_allocation(cluster.conf, cluster.master)
+        checks.check_gpus(cluster.conf, opts.np, warn=lambda m: opts.say(1, f"warning: {m}"))
+        checks.wait_for_slots(cluster, opts.np, opts.start_timeout, say=lambda m: opts.say(1, m))
+        return checks.max_result_size(cluster.conf)
 
     def run(self, payload: bytes, stage: Optional[Callable[..., Iterable]] = None,
             **spec_fields) -> list:
@@ -128,7 +132,7 @@ class BarrierJob:
         opts = self.opts
         for attempt in range(opts.max_restarts + 1):
             if attempt:
-                checks.wait_for_slots(self.sc, opts.np, opts.start_timeout,
+                checks.wait_for_slots(self.cluster, opts.np, opts.start_timeout,
                                       say=lambda m: opts.say(1, m))
             try:
                 with failure_logs_off(self.sc):  # the JobFailedError says it all, once
@@ -143,7 +147,7 @@ class BarrierJob:
         """One barrier stage: `stage(spec, delivered)` returns its collected rows (default:
         the runner's); `delivered(rank, blob)` is the rank's encoded result, read from the job
         store where its task delivered it there (its row then holds b"")."""
-        opts, sc = self.opts, self.sc
+        opts, cluster = self.opts, self.cluster
         job = f"{self.id}/a{attempt}"
         server = self._log_server(job)
         store = self._job_store()
@@ -155,8 +159,8 @@ class BarrierJob:
                         result_limit=self.result_limit,
                         job_store=store.address if store else None, **fields)
         tag = f"horovod-spark-{job.replace('/', '-')}"
-        opts.say(2, f"{job}: {opts.np} ranks on {sc.master}")
-        sc.addJobTag(tag)
+        opts.say(2, f"{job}: {opts.np} ranks on {cluster.master} ({cluster.kind})")
+        cluster.tag(tag)
         ok = False
         watch = Watch(opts.np, server, lambda: self._cancel(server, tag), opts.timeout,
                       opts.settings.finish_grace)
@@ -164,7 +168,7 @@ class BarrierJob:
             rows = (stage or self._runner_stage)(spec, functools.partial(_delivered, store, job))
             ok = True
             return rows
-        except Exception as exc:  # py4j's Py4JJavaError and friends: Spark's account of it
+        except Exception as exc:  # py4j's Py4JJavaError, Connect's SparkException: Spark's account
             watch.close()
             failure = watch.record or self._jvm_death(exc) or failure_of(server, exc, opts.np)
             raise JobFailedError(failure, attempt, opts.max_restarts + 1, self.files) from None
@@ -173,47 +177,56 @@ class BarrierJob:
             self._finish(server, tag, ok, store)
 
     def _runner_stage(self, spec: TaskSpec, delivered: Callable[[int, bytes], bytes]) -> list:
-        rdd = self.sc.parallelize(range(self.opts.np), self.opts.np).barrier()
-        rows = rdd.mapPartitions(functools.partial(run_task, spec)).collect()
-        return [(rank, delivered(rank, blob)) for rank, blob in rows]
+        rows = self.cluster.barrier_rows(self.opts.np, functools.partial(run_task, spec))
+        return [(row[0], delivered(row[0], row[1])) + tuple(row[2:]) for row in rows]
 
     def _log_server(self, job: str) -> Optional[LogServer]:
-        opts = self.opts
+        """The live output's server on the client's address, or None (the executors cannot
+        reach this process: each rank's lines come back with its result instead)."""
+        opts, host = self.opts, self.cluster.client_host
+        if host is None:
+            self.cluster.tell_once(
+                f"no live output: the executors of this {self.cluster.kind} session cannot reach "
+                f"this process; each rank's output comes back with its result",
+                lambda m: opts.say(1, m))
+            return None
         sink = LineSink(opts.stdout, opts.stderr, opts.show_output, opts.timestamps)
-        host = self.sc.getConf().get("spark.driver.host", "127.0.0.1")
         try:
             return LogServer(host, self.secret, job, sink)
         except OSError as exc:  # a broken log channel never fails a job
-            opts.say(1, f"warning: no live output: cannot listen on the driver address {host}: {exc}")
+            opts.say(1, f"warning: no live output: cannot listen on the client address {host}: {exc}")
             return None
 
     def _job_store(self):
-        """The attempt's rendezvous store on the driver (see spark_store), or None: the tasks
-        then meet through Spark's allGather (HOROVOD_SPARK_RENDEZVOUS=spark, or no listening)."""
+        """The attempt's rendezvous store on the client (see spark_store), or None: the tasks
+        then meet at rank 0's through Spark's allGather (HOROVOD_SPARK_RENDEZVOUS=spark, a
+        Connect client the executors may not reach, or no listening)."""
         from collectives.rendezvous.store import StoreServer
 
-        if self.opts.settings.rendezvous == "spark":
+        if self.opts.settings.rendezvous == "spark" or not self.cluster.reachable:
             return None
-        host = self.sc.getConf().get("spark.driver.host", "127.0.0.1")
+        host = self.cluster.client_host
         try:
             return StoreServer(host, 0, self.secret)
         except OSError as exc:
             self.opts.say(1, f"warning: ranks meet through Spark's allGather (about a second "
-                             f"more): cannot listen on the driver address {host}: {exc}")
+                             f"more): cannot listen on the client address {host}: {exc}")
             return None
 
     def _cancel(self, server: Optional[LogServer], tag: str) -> None:
         """The watch ends the attempt: its ranks die now, its Spark job is cancelled."""
         if server is not None:
             server.abort_all()
-        self.sc.cancelJobsWithTag(tag)
+        self.cluster.cancel(tag)
 
     def _jvm_death(self, exc: BaseException):
         """A failure saying the driver's JVM died, when it did (py4j cannot reach it)."""
         from collectives.launch.record import Failure
 
+        if self.cluster.connect:  # no JVM here: the server's failures come in Spark's text
+            return None
         try:
-            self.sc._jsc.sc().isStopped()  # any call: a dead JVM refuses the connection
+            self.cluster.sc._jsc.sc().isStopped()  # any call: a dead JVM refuses the connection
             return None
         except Exception:
             first = (str(exc).strip().splitlines() or [""])[0][:300]
@@ -225,11 +238,9 @@ class BarrierJob:
     def _finish(self, server: Optional[LogServer], tag: str, ok: bool, store) -> None:
         """Cancel, close, kill what is left; a cleanup that fails never hides the job's
         outcome (the JVM may be the thing that died)."""
-        sc, np_ = self.sc, self.opts.np
+        np_ = self.opts.np
         try:
-            if not ok:
-                sc.cancelJobsWithTag(tag)
-            sc.removeJobTag(tag)
+            self.cluster.untag(tag, cancel=not ok)
         except Exception as exc:  # py4j's errors when the JVM is gone
             self.opts.say(2, f"cleanup: Spark did not answer ({type(exc).__name__}: {exc})")
         finally:
@@ -249,13 +260,25 @@ class BarrierJob:
         rank0_only)."""
         from collectives.launch.record import Failure, RankResult
 
-        by_rank = dict(rows)
+        self.show_returned_output(rows)
+        by_rank = {row[0]: row[1] for row in rows}
         np_ = self.opts.np
         if sorted(by_rank) != list(range(np_)):
             raise JobFailedError(Failure(None, "SparkJobFailed",
                                          f"results came back for ranks {sorted(by_rank)}", size=np_))
         wanted = [0] if self.opts.rank0_only else range(np_)
         return [RankResult.decode(by_rank[r]).value() for r in wanted]
+
+
+    def show_returned_output(self, rows) -> None:
+        """The output lines that came back with the results (no live channel), in rank order."""
+        import json
+
+        opts = self.opts
+        sink = LineSink(opts.stdout, opts.stderr, opts.show_output, opts.timestamps)
+        for row in sorted(rows, key=lambda r: r[0]):
+            for stream, text in json.loads(row[2]) if len(row) > 2 and row[2] else ():
+                sink.write(row[0], stream, text)
 
 
 def _delivered(store, job: str, rank: int, blob: Optional[bytes]) -> Optional[bytes]:

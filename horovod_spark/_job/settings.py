@@ -17,7 +17,7 @@ from collectives.settings import CONTRACT as _COLLECTIVES_CONTRACT
 from collectives.settings import SETTINGS as _COLLECTIVES
 from collectives.settings import FINISH_GRACE, Setting, parse_bool
 
-__all__ = ["DriverSettings", "table", "RENDEZVOUS", "WARM_START", "START_TIMEOUT",
+__all__ = ["DriverSettings", "table", "RENDEZVOUS", "CLIENT_ADDRESS", "WARM_START", "START_TIMEOUT",
            "PARQUET_DIRECT", "TF_LANE", "CACHE", "PROGRESS", "LOG_CALLBACK"]
 
 
@@ -30,6 +30,9 @@ def _rendezvous(text: str) -> str:
 
 RENDEZVOUS = Setting("HOROVOD_SPARK_RENDEZVOUS", "driver", _rendezvous, "driver",
                      "where a job's ranks meet: the driver's store, or rank 0's through allGather")
+CLIENT_ADDRESS = Setting("HOROVOD_SPARK_CLIENT_ADDRESS", None, str, "driver",
+                         "on Spark Connect: the address the executors reach this process at "
+                         "(live output, the job store); none: they cannot")
 WARM_START = Setting("HOROVOD_SPARK_WARM_START", True, parse_bool, "driver",
                      "fork ranks from a Spark Python worker's zygote (the task reads it too)")
 START_TIMEOUT = Setting("HOROVOD_SPARK_START_TIMEOUT", 600.0, float, "driver",
@@ -45,7 +48,7 @@ PROGRESS = Setting("HVS_PROGRESS", False, parse_bool, "rank",
 LOG_CALLBACK = Setting("HVS_LOG_CALLBACK", False, parse_bool, "rank",
                        "log_to_driver marks its lines (the Spark task filters on it)", contract=True)
 
-_OWN = (RENDEZVOUS, WARM_START, START_TIMEOUT, PARQUET_DIRECT, TF_LANE, CACHE, PROGRESS,
+_OWN = (RENDEZVOUS, CLIENT_ADDRESS, WARM_START, START_TIMEOUT, PARQUET_DIRECT, TF_LANE, CACHE, PROGRESS,
         LOG_CALLBACK)
 _PREFIXES = ("HOROVOD_SPARK_", "HVS_")
 _warned: set = set()
@@ -61,6 +64,7 @@ class DriverSettings:
     """The driver's switches for one job, read when it starts."""
 
     rendezvous: str = RENDEZVOUS.default
+    client_address: Optional[str] = CLIENT_ADDRESS.default
     warm_start: bool = WARM_START.default
     start_timeout: float = START_TIMEOUT.default
     parquet_direct: bool = PARQUET_DIRECT.default
@@ -80,9 +84,9 @@ class DriverSettings:
         warn_unknown({**env, **job_env})
         warm = WARM_START.read(job_env) if job_env.get(WARM_START.name) else WARM_START.read(env)
         grace = FINISH_GRACE.read(job_env if job_env.get(FINISH_GRACE.name) else env)
-        return cls(rendezvous=RENDEZVOUS.read(env), warm_start=warm,
-                   start_timeout=START_TIMEOUT.read(env), parquet_direct=PARQUET_DIRECT.read(env),
-                   finish_grace=grace)
+        return cls(rendezvous=RENDEZVOUS.read(env), client_address=CLIENT_ADDRESS.read(env),
+                   warm_start=warm, start_timeout=START_TIMEOUT.read(env),
+                   parquet_direct=PARQUET_DIRECT.read(env), finish_grace=grace)
 
 
 def warn_unknown(env: Mapping[str, str]) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import json
 import os
 import signal
 import subprocess
@@ -51,6 +52,8 @@ from .settings import WARM_START
 __all__ = ["TaskSpec", "run_task"]
 
 TAIL = 20
+#: Lines a task keeps to hand back with its result when the live channel cannot carry them.
+RETURNED = 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +140,7 @@ class RankProcess:
         self.size = len(hosts)
         self.aborted = False
         self.tail: collections.deque = collections.deque(maxlen=TAIL)
+        self.unsent: collections.deque = collections.deque(maxlen=RETURNED)
         self.server = SparkStore(hosts[self.rank], spec.secret, spec.job, self.rank, self.size,
                                  ctx.allGather, job_store=spec.job_store)
         try:
@@ -183,6 +187,8 @@ class RankProcess:
         self.tail.append(f"[{self.rank}]<{stream}>:{text}")
         if kind == "cb" or self.spec.show_output:
             self.log.line(kind, text)
+            if self.log.broken:  # no live channel: the line goes back with the result
+                self.unsent.append((kind, text))
         if self.log.broken:  # keep the line in the executor's log at least
             print(f"[{self.rank}]<{stream}>:{text}", file=sys.stderr, flush=True)
 
@@ -268,9 +274,11 @@ class RankProcess:
         warm.learn(self.spec.executable or sys.executable, self.env, imported)
 
 
-def run_task(spec: TaskSpec, _partition: Iterator) -> Iterator[Tuple[int, Optional[bytes]]]:
+def run_task(spec: TaskSpec, _partition: Iterator
+             ) -> Iterator[Tuple[int, Optional[bytes], Optional[str]]]:
     """The mapPartitions body of the barrier stage: yields (rank, encoded RankResult, or b""
-    when it went to the driver's job store, or None for a value nobody wants)."""
+    when it went to the driver's job store, or None for a value nobody wants; the output
+    lines the live channel did not carry, as JSON [[stream, text], ...], or None)."""
     from pyspark import BarrierTaskContext
 
     proc = RankProcess(spec, BarrierTaskContext.get())
@@ -286,7 +294,7 @@ def run_task(spec: TaskSpec, _partition: Iterator) -> Iterator[Tuple[int, Option
             result = b""  # delivered: the row only says so
     finally:
         proc.cleanup()
-    yield proc.rank, result
+    yield proc.rank, result, (json.dumps(list(proc.unsent)) if proc.unsent else None)
 
 
 def delivered_key(job: str, rank: int) -> str:

@@ -109,7 +109,7 @@ def task_body(task_spec, job: FitJob, batches: Iterator) -> Iterator:
         rank.join()
         if rank.error is not None:
             raise rank.error
-        rank_id, blob = rank.result
+        rank_id, blob = rank.result[:2]
         yield _row(rank_id, OK, "", blob or b"")
     finally:
         shutil.rmtree(directory, ignore_errors=True)
