@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from horovod_spark._job.cluster import to_arrow
 from horovod_spark.estimator.data import ColumnSpec, batch_from_table, column_specs, prepare
 
 __all__ = ["checked_specs", "sample_batch", "resolve_num_proc", "require", "label_problem",
@@ -66,14 +67,16 @@ def _with_suggestions(message: str, columns: Sequence[str], used: Sequence[str])
 
 def sample_batch(df, specs: Sequence[ColumnSpec], rows: int = SAMPLE_ROWS):
     """A few prepared rows as numpy, for the dry run; ValueError when there are none."""
-    table = prepare(df, specs).limit(rows).toArrow()
+    table = to_arrow(prepare(df, specs).limit(rows))
     if table.num_rows == 0:
         raise ValueError("the DataFrame is empty: there are no rows to train on")
     return batch_from_table(table, specs)
 
 
 def resolve_num_proc(spark, num_proc: Optional[int]) -> int:
-    n = num_proc if num_proc is not None else spark.sparkContext.defaultParallelism
+    from horovod_spark._job.cluster import Cluster
+
+    n = num_proc if num_proc is not None else Cluster(spark).default_parallelism()
     if n < 1:
         raise ValueError(f"num_proc must be at least 1, got {n}")
     return n

@@ -68,8 +68,9 @@ class DistributedEstimator(Estimator, EstimatorParams):
         specs = _checks.checked_specs(dataset, values)
         spark = dataset.sparkSession
         num_proc = _checks.resolve_num_proc(spark, values["num_proc"])
-        direct = _parquet.plan(dataset._hvs_parquet_path, specs, num_proc) \
-            if getattr(dataset, "_hvs_parquet_path", None) else None
+        # vars(): a Connect DataFrame answers any unknown attribute with a Column
+        parquet_path = vars(dataset).get("_hvs_parquet_path")
+        direct = _parquet.plan(parquet_path, specs, num_proc) if parquet_path else None
         sample = _parquet.sample(direct, specs, _checks.SAMPLE_ROWS) if direct is not None \
             else None  # (the direct read needs no Spark job for it)
         if sample is None:

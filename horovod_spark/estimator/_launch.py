@@ -1,7 +1,7 @@
 """The driver side of a fit: one barrier stage over the DataFrame's partitions.
 
 The Spark runner runs a function as a barrier stage of its own
-(``sc.parallelize(range(np)).barrier()``).  A fit needs the ranks inside the
+(``spark.range(np)`` through a barrier ``mapInArrow``).  A fit needs the ranks inside the
 barrier stage *of the data*, so that each task hands its partition to its rank
 without any copy through shared storage.  So a fit hands the job machinery's
 ``BarrierJob`` (pre-submit checks, secret, log server, job store, failure
@@ -27,6 +27,7 @@ from horovod_spark.estimator._barrier import RESULT_SCHEMA, task_body
 from horovod_spark.estimator._census import EMPTY, OK, PROBLEM
 from horovod_spark.estimator._job import FitJob
 from horovod_spark.estimator.data import transfer_conf
+from horovod_spark._job.cluster import is_connect
 
 __all__ = ["run_fit"]
 
@@ -75,6 +76,8 @@ def partitions(df) -> Optional[int]:
             return None
     except Exception:  # not a classic DataFrame: ask the RDD
         pass
+    if is_connect(df.sparkSession):  # no plan or RDD here: repartition to be sure
+        return None
     return df.rdd.getNumPartitions()
 
 

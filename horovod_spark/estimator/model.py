@@ -24,6 +24,7 @@ from pyspark.ml import Model
 from pyspark.ml.util import (DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader,
                              MLWritable, MLWriter)
 
+from horovod_spark._job.cluster import to_arrow
 from horovod_spark.estimator.data import arrow_to_numpy, column_specs, prepare_exprs
 from horovod_spark.estimator.params import ModelParams
 
@@ -75,7 +76,7 @@ class EstimatorModel(Model, ModelParams, MLWritable, MLReadable):
         if len(out_cols) != len(shapes):
             raise ValueError(f"the model has {len(shapes)} output(s) but output_cols is "
                              f"{out_cols}; give one name per output")
-        udf = self._prediction_udf(specs, shapes, out_cols)
+        udf = self._prediction_udf(dataset.sparkSession, specs, shapes, out_cols)
         tmp = "__hvs_prediction__"
         out = dataset.withColumn(tmp, udf(*prepare_exprs(specs, dedupe=False)))
         for name, shape in zip(out_cols, shapes):
@@ -83,35 +84,45 @@ class EstimatorModel(Model, ModelParams, MLWritable, MLReadable):
             out = out.withColumn(name, array_to_vector(col) if _is_vector(shape) else col)
         return out.drop(tmp)
 
-    def _prediction_udf(self, specs, shapes, out_cols):
+    def _prediction_udf(self, spark, specs, shapes, out_cols):
         from pyspark.sql import types as T
-        from pyspark.sql.functions import arrow_udf
-        from pyspark.util import PythonEvalType
 
         fields = [T.StructField(n, T.ArrayType(T.DoubleType(), False) if _is_vector(s)
                                 else T.DoubleType(), False) for n, s in zip(out_cols, shapes)]
-        fn = _partition_predictor(self._model_broadcast(), type(self)._make_predictor,
+        fn = _partition_predictor(self._model_broadcast(spark), type(self)._make_predictor,
                                   [(s.name, s.dtype) for s in specs], shapes, out_cols,
                                   self.getOrDefault("batch_size"))
         with warnings.catch_warnings():  # "prefer type hints": the arity varies per model
             warnings.simplefilter("ignore", UserWarning)
+            try:
+                from pyspark.sql.functions import arrow_udf  # pyspark >= 4.1
+            except ImportError:  # pyspark 3.5: the same body behind a pandas UDF
+                from pyspark.sql.functions import PandasUDFType, pandas_udf
+
+                return pandas_udf(_through_pandas(fn, out_cols), T.StructType(fields),
+                                  PandasUDFType.SCALAR_ITER)
+            from pyspark.util import PythonEvalType
+
             return arrow_udf(fn, T.StructType(fields), PythonEvalType.SQL_SCALAR_ARROW_ITER_UDF)
 
-    def _model_broadcast(self):
-        from pyspark.sql import SparkSession
+    def _model_broadcast(self, spark):
+        """The model's bytes for the executors: a broadcast on a classic session; inline in
+        the UDF on Spark Connect, which has no broadcast (the plan carries them)."""
+        from horovod_spark._job.cluster import is_connect
 
         if self._model_bytes is None:
             raise ValueError(f"{type(self).__name__} has no trained model")
+        if is_connect(spark):
+            return _Inline(self._model_bytes)
         if self._broadcast is None:
-            sc = SparkSession.active().sparkContext
-            self._broadcast = sc.broadcast(self._model_bytes)
+            self._broadcast = spark.sparkContext.broadcast(self._model_bytes)
         return self._broadcast
 
     def _probe_output_shapes(self, dataset, specs) -> List[List[int]]:
         """Output shapes from one row, for a model built without fit."""
         from horovod_spark.estimator.data import prepare
 
-        table = prepare(dataset, specs).limit(1).toArrow()
+        table = to_arrow(prepare(dataset, specs).limit(1))
         if table.num_rows == 0:
             raise ValueError("cannot find the model's output shape from an empty DataFrame")
         predict = type(self)._make_predictor(self._model_bytes)
@@ -130,6 +141,13 @@ class EstimatorModel(Model, ModelParams, MLWritable, MLReadable):
 
 def _is_vector(shape: Sequence[int]) -> bool:
     return int(np.prod(shape)) != 1 if len(shape) else False
+
+
+class _Inline:
+    """A broadcast's face (`.value`) over bytes pickled with the function itself."""
+
+    def __init__(self, value: bytes) -> None:
+        self.value = value
 
 
 def _partition_predictor(broadcast, make_predictor, columns, shapes, out_cols, batch_size):
@@ -152,6 +170,23 @@ def _partition_predictor(broadcast, make_predictor, columns, shapes, out_cols, b
                 names=list(out_cols))
 
     return predict_partition
+
+
+def _through_pandas(predict_partition, out_cols):
+    """An Arrow-iterator UDF body as a pandas one (pyspark 3.5 has no arrow_udf): each
+    batch's Series become Arrow arrays, the StructArray out a DataFrame."""
+
+    def run(batches):
+        import pyarrow as pa
+
+        def arrow(batch):
+            batch = batch if isinstance(batch, tuple) else (batch,)
+            return tuple(pa.Array.from_pandas(series) for series in batch)
+
+        for struct in predict_partition(arrow(batch) for batch in batches):
+            yield pa.Table.from_arrays(struct.flatten(), names=list(out_cols)).to_pandas()
+
+    return run
 
 
 def _to_arrow(values: np.ndarray, shape: Sequence[int], name: str):

@@ -1,0 +1,84 @@
+"""TorchEstimator in a Pipeline written once, run on a classic local[2] session and on a
+Spark Connect one (a client of the real local server of tests/connect_server.py): fit,
+transform, save, load, the same predictions after the load, and a failing rank named."""
+import sys
+
+import cloudpickle
+import numpy as np
+import pytest
+import torch
+
+from connect_server import connect_mode
+from horovod_spark import JobFailedError
+from horovod_spark.estimator import TorchEstimator
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks can't import tests
+
+
+@pytest.fixture(params=["classic", "connect"])
+def session(request, spark):
+    """The classic session of this module (conftest's), or the Connect client, with the
+    process in the user's Connect mode (Spark ML's own stages then run through Connect)."""
+    if request.param == "classic":
+        yield spark
+        return
+    remote = request.getfixturevalue("connect_server").session()
+    with connect_mode():
+        yield remote
+
+
+def _data(session):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 3))
+    y = x @ np.array([1.0, -2.0, 0.5]) + 0.25
+    rows = [tuple(map(float, r)) + (float(t),) for r, t in zip(x, y)]
+    return session.createDataFrame(rows, ["a", "b", "c", "y"])
+
+
+def _estimator(store, **kw):
+    torch.manual_seed(0)
+    net = torch.nn.Linear(3, 1)
+    args = dict(num_proc=2, model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+                loss=torch.nn.MSELoss(), feature_cols=["features"], label_cols=["y"],
+                batch_size=16, epochs=6, store=store, verbose=0)
+    args.update(kw)
+    return TorchEstimator(**args)
+
+
+def test_a_pipeline_fits_transforms_saves_and_loads(session, tmp_path):
+    from pyspark.ml import Pipeline, PipelineModel
+    from pyspark.ml.feature import VectorAssembler
+
+    df = _data(session)
+    pipeline = Pipeline(stages=[VectorAssembler(inputCols=["a", "b", "c"], outputCol="features"),
+                                _estimator(str(tmp_path / "store"))])
+    fitted = pipeline.fit(df)
+    fitted.write().overwrite().save(str(tmp_path / "pipeline"))
+    loaded = PipelineModel.load(str(tmp_path / "pipeline"))
+    before = fitted.transform(df).orderBy("a").select("y", "y__output").collect()
+    after = loaded.transform(df).orderBy("a").select("y__output").collect()
+    assert len(before) == 400
+    assert [r.y__output for r in before] == [r.y__output for r in after]
+    pred, truth = np.array([r.y__output for r in before]), np.array([r.y for r in before])
+    assert np.sqrt(np.mean((pred - truth) ** 2)) < 0.1 * truth.std()
+
+
+def _fails_on_rank_1(output, label):
+    import os
+
+    if os.environ.get("HVS_RANK") == "1":
+        raise ValueError("metric cannot be computed on rank 1")
+    return (output - label).abs().mean()
+
+
+def test_an_error_in_training_on_rank_1_is_named_with_its_traceback(session, tmp_path):
+    from pyspark.ml.feature import VectorAssembler
+
+    df = VectorAssembler(inputCols=["a", "b", "c"], outputCol="features").transform(_data(session))
+    with pytest.raises(JobFailedError) as info:
+        _estimator(str(tmp_path / "store"), metrics=[_fails_on_rank_1], epochs=1).fit(df)
+    err = info.value
+    assert (err.rank, err.error_type) == (1, "ValueError")
+    assert "metric cannot be computed on rank 1" in err.remote_traceback
+    assert "see the executor's log" not in str(err)
