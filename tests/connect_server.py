@@ -122,11 +122,19 @@ class ConnectServer:
 
 
 def connect_available() -> str:
-    """Why a Connect client cannot be made here ("" when it can)."""
+    """Why a Connect server and client cannot be made here ("" when they can)."""
+    import glob
+
+    import pyspark
+
     try:
         import pyspark.sql.connect.session  # noqa: F401  (grpcio, protobuf, ...)
     except Exception as exc:  # the `connect` extra is not installed
         return f"Spark Connect's client is not installed (pip install .[connect]): {exc}"
+    jars = os.path.join(os.path.dirname(pyspark.__file__), "jars")
+    if not glob.glob(os.path.join(jars, "spark-connect_*.jar")):
+        return (f"pyspark {pyspark.__version__} ships no Spark Connect server (its jar comes "
+                f"from Maven, which this machine cannot reach; pyspark 4 bundles it)")
     return ""
 
 

@@ -76,7 +76,7 @@ def partitions(df) -> Optional[int]:
             return None
     except Exception:  # not a classic DataFrame: ask the RDD
         pass
-    if is_connect(df.sparkSession):  # no plan or RDD here: repartition to be sure
+    if is_connect(df):  # no plan or RDD here: repartition to be sure
         return None
     return df.rdd.getNumPartitions()
 

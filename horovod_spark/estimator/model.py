@@ -99,8 +99,11 @@ class EstimatorModel(Model, ModelParams, MLWritable, MLReadable):
             except ImportError:  # pyspark 3.5: the same body behind a pandas UDF
                 from pyspark.sql.functions import PandasUDFType, pandas_udf
 
-                return pandas_udf(_through_pandas(fn, out_cols), T.StructType(fields),
-                                  PandasUDFType.SCALAR_ITER)
+                # pandas' columns come back nullable, and 3.5 checks that against the type
+                loose = T.StructType([T.StructField(f.name, T.ArrayType(T.DoubleType(), True)
+                                                    if isinstance(f.dataType, T.ArrayType)
+                                                    else f.dataType, True) for f in fields])
+                return pandas_udf(_through_pandas(fn, out_cols), loose, PandasUDFType.SCALAR_ITER)
             from pyspark.util import PythonEvalType
 
             return arrow_udf(fn, T.StructType(fields), PythonEvalType.SQL_SCALAR_ARROW_ITER_UDF)
@@ -204,6 +207,14 @@ def _to_arrow(values: np.ndarray, shape: Sequence[int], name: str):
     return pa.ListArray.from_arrays(offsets, pa.array(flat.reshape(-1)))
 
 
+def _metadata_io(io):
+    """What Spark ML's metadata helpers take: the session (pyspark 4, Connect too), or the
+    SparkContext (pyspark 3.5, which writes the metadata through an RDD)."""
+    import pyspark
+
+    return io.sparkSession if int(pyspark.__version__.split(".")[0]) >= 4 else io.sc
+
+
 class _ModelWriter(MLWriter):
     def __init__(self, instance: EstimatorModel):
         super().__init__()
@@ -214,7 +225,7 @@ class _ModelWriter(MLWriter):
 
         inst = self.instance
         extra = {"history": inst._history, "output_shapes": inst._output_shapes}
-        DefaultParamsWriter.saveMetadata(inst, path, self.sparkSession, extraMetadata=extra)
+        DefaultParamsWriter.saveMetadata(inst, path, _metadata_io(self), extraMetadata=extra)
         store = Store.create(path)
         store.write_bytes(store.join("model.bin"), inst._model_bytes or b"")
 
@@ -227,7 +238,7 @@ class _ModelReader(MLReader):
     def load(self, path: str) -> EstimatorModel:
         from horovod_spark.estimator.store import Store
 
-        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
+        metadata = DefaultParamsReader.loadMetadata(path, _metadata_io(self))
         instance = self.cls()
         instance._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(instance, metadata)
