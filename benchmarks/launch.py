@@ -1,7 +1,7 @@
 """Launch overhead: horovod_spark.run vs PySpark's TorchDistributor on one warm session.
 
     python benchmarks/launch.py [--np 2] [--reps 7] [--master local[2]]
-                                [--cases noop,bootstrap,torch]
+                                [--cases noop,bootstrap,torch] [--connect]
 
 Three cases, each timed end to end on the driver (submit, start ranks, run, gather):
   noop       run(lambda: 0)                           vs  TorchDistributor.run(lambda: 0)
@@ -14,7 +14,16 @@ Runners: horovod_spark as it ships (warm starts, the driver's job store);
 ``hs no-warm`` with HOROVOD_SPARK_WARM_START=0 (every rank a fresh python);
 ``hs allGather`` with warm starts off and HOROVOD_SPARK_RENDEZVOUS=spark (the
 ranks meet through one BarrierTaskContext.allGather: how a job started before
-both existed); and TorchDistributor.
+both existed); ``hs rdd stage``, the classic session's barrier RDD stage instead of
+the barrier ``mapInArrow`` DataFrame stage that classic and Connect sessions share;
+and TorchDistributor.
+
+``--connect`` adds a local Spark Connect server (pyspark's own, master --master, in
+processes of its own: tests/connect_server.py) and two runners on a Connect client of
+it, timed in the same rounds: ``hs Connect`` (ours as it ships there: the client on
+this machine is reachable, so the client's job store and live output) and
+``TorchDistributor Connect``.  Their ratio column compares with TorchDistributor on
+Connect, and ``vs classic`` with ours on the classic session.
 
 Both run np barrier tasks (TorchDistributor with local_mode=False: one torchrun per
 task).  Each is warmed up first (Python workers started, imports cached), then timed
@@ -101,30 +110,64 @@ def _session(master: str):
     return spark
 
 
-def measure(np_: int, reps: int, cases) -> tuple:
+def _connect_server(master: str):
+    """A local Spark Connect server and a client session of it (see tests/connect_server.py)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+    from connect_server import ConnectServer
+
+    server = ConnectServer(master)
+    print(f"Spark Connect server up in {server.start_seconds:.1f} s", flush=True)
+    server.session()
+    return server
+
+
+def _connect_mode(on: bool) -> None:
+    """This process in the user's Connect mode (getActiveSession answers the Connect client)."""
+    if on:
+        os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    else:
+        os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+
+
+def measure(np_: int, reps: int, cases, connect: bool = False) -> tuple:
     import cloudpickle
+    from pyspark import cloudpickle as spark_cloudpickle
     from pyspark.ml.torch.distributor import TorchDistributor
 
     import horovod_spark
+    from horovod_spark._job.cluster import Cluster
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    spark_cloudpickle.register_pickle_by_value(sys.modules[__name__])
     distributor = TorchDistributor(num_processes=np_, local_mode=False, use_gpu=False)
+    if connect:
+        _connect_mode(True)
+        remote = TorchDistributor(num_processes=np_, local_mode=False, use_gpu=False)
+        _connect_mode(False)
     runners = {
         "noop": (ours_noop, torch_noop),
         "bootstrap": (ours_bootstrap, torch_bootstrap),
         "torch": (ours_torch, torch_bootstrap),
     }
-    variants = {"horovod_spark": {}, "hs no-warm": {"HOROVOD_SPARK_WARM_START": "0"},
+    variants = {"horovod_spark": {}, "hs rdd stage": {"stage": "rdd"},
+                "hs no-warm": {"HOROVOD_SPARK_WARM_START": "0"},
                 "hs allGather": {"HOROVOD_SPARK_WARM_START": "0",
                                  "HOROVOD_SPARK_RENDEZVOUS": "spark"}}
+    if connect:
+        variants["hs Connect"] = {"connect": "1"}
 
     def ours(fn, env):
         def run():
-            saved = {k: os.environ.get(k) for k in env}
-            os.environ.update(env)
+            settings = {k: v for k, v in env.items() if k.startswith("HOROVOD_")}
+            saved = {k: os.environ.get(k) for k in settings}
+            os.environ.update(settings)
+            Cluster.classic_stage = env.get("stage", "dataframe")
+            _connect_mode("connect" in env)
             try:
                 horovod_spark.run(fn, num_proc=np_)
             finally:
+                _connect_mode(False)
+                Cluster.classic_stage = "dataframe"
                 for k, v in saved.items():
                     if v is None:
                         os.environ.pop(k, None)
@@ -136,31 +179,47 @@ def measure(np_: int, reps: int, cases) -> tuple:
     for case, (our_fn, their_fn) in runners.items():
         if case not in cases:
             continue
-        theirs = lambda: distributor.run(their_fn)  # noqa: E731
+        theirs = {"TorchDistributor": lambda: distributor.run(their_fn)}  # noqa: E731
+        if connect:
+            def on_connect(fn=their_fn):
+                _connect_mode(True)
+                try:
+                    return remote.run(fn)
+                finally:
+                    _connect_mode(False)
+            theirs["TorchDistributor Connect"] = on_connect
         for env in variants.values():
             ours(our_fn, env)()  # warm up: Python workers, imports, zygotes
-        _timed_retrying(theirs, failures)
-        times = {name: [] for name in [*variants, "TorchDistributor"]}
+        for run in theirs.values():
+            _timed_retrying(run, failures)
+        times = {name: [] for name in [*variants, *theirs]}
         for _ in range(reps):
             for name, env in variants.items():
                 times[name].append(_timed(ours(our_fn, env)))
-            times["TorchDistributor"].append(_timed_retrying(theirs, failures))
+            for name, run in theirs.items():
+                times[name].append(_timed_retrying(run, failures))
         out[case] = times
     return out, failures
 
 
 def report(results: dict) -> list:
     rows = []
-    print(f"{'case':<10} {'runner':<17} {'median s':>9} {'min s':>7} {'ratio':>7}   "
-          "(ratio: median / TorchDistributor's)")
+    print(f"{'case':<10} {'runner':<24} {'median s':>9} {'min s':>7} {'ratio':>7} "
+          f"{'vs classic':>10}   (ratio: median / TorchDistributor's on the same kind of "
+          "session; vs classic: median / horovod_spark's on classic)")
     for case, times in results.items():
-        base = statistics.median(times["TorchDistributor"])
+        ours_classic = statistics.median(times["horovod_spark"])
         for runner, ts in times.items():
+            connect = "Connect" in runner
+            base = statistics.median(times["TorchDistributor Connect" if connect
+                                           else "TorchDistributor"])
             med = statistics.median(ts)
-            ratio = med / base
+            ratio, vs = med / base, med / ours_classic
             rows.append({"case": case, "runner": runner, "median_s": med, "min_s": min(ts),
-                         "ratio_vs_TorchDistributor": ratio, "times_s": ts})
-            print(f"{case:<10} {runner:<17} {med:>9.3f} {min(ts):>7.3f} {ratio:>7.2f}")
+                         "ratio_vs_TorchDistributor": ratio, "ratio_vs_ours_classic": vs,
+                         "times_s": ts})
+            print(f"{case:<10} {runner:<24} {med:>9.3f} {min(ts):>7.3f} {ratio:>7.2f} "
+                  f"{vs:>10.2f}")
     return rows
 
 
@@ -171,16 +230,21 @@ def main() -> int:
     p.add_argument("--master", default="local[2]")
     p.add_argument("--cases", default="noop,bootstrap,torch",
                    help="comma-separated: noop, bootstrap, torch")
+    p.add_argument("--connect", action="store_true",
+                   help="also time ours and TorchDistributor on a local Spark Connect server")
     p.add_argument("--out", default=os.path.join(HERE, "results", "launch.json"))
     ns = p.parse_args()
+    server = _connect_server(ns.master) if ns.connect else None
     spark = _session(ns.master)
     try:
-        results, failures = measure(ns.np, ns.reps, ns.cases.split(","))
+        results, failures = measure(ns.np, ns.reps, ns.cases.split(","), ns.connect)
     finally:
         spark.stop()
+        if server is not None:
+            server.stop()
     rows = report(results)
     os.makedirs(os.path.dirname(ns.out), exist_ok=True)
-    meta = {"np": ns.np, "reps": ns.reps, "master": ns.master, "python": platform.python_version(),
+    meta = {"np": ns.np, "reps": ns.reps, "master": ns.master, "connect": ns.connect, "python": platform.python_version(),
             "cpus": os.cpu_count(), "loadavg_after": os.getloadavg(),
             "note": "shared machine: other engineers' jobs run at the same time; numbers are noisy",
             "TorchDistributor_failed_runs_retried": failures}
