@@ -72,6 +72,8 @@ def _parser() -> argparse.ArgumentParser:
                         "this machine without Spark")
     r.add_argument("--master", metavar="URL",
                    help="Spark master URL (default: spark-submit's, else an embedded local[N])")
+    r.add_argument("--remote", metavar="sc://HOST:PORT",
+                   help="a Spark Connect server to run on (default: SPARK_REMOTE's, if set)")
     r.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                    help="a Spark setting for the session this command starts (repeatable)")
     r.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
@@ -124,15 +126,16 @@ def _is_python(word: str) -> bool:
     return word == sys.executable or re.fullmatch(r"python[0-9.]*", name) is not None
 
 
-def _session(master: Optional[str], np_: int, conf: dict):
+def _session(master: Optional[str], np_: int, conf: dict, remote: Optional[str] = None):
     from ._job.session import get_session
 
-    if master is None:
+    if master is None and remote is None:
         return get_session(np_, conf=conf)
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.master(master).appName("horovod-spark")
+    builder = SparkSession.builder.remote(remote) if remote else \
+        SparkSession.builder.master(master).appName("horovod-spark")
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
@@ -154,7 +157,9 @@ def _run(ns) -> int:
     with open(script, encoding="utf-8") as f:
         fn = ScriptMain(script, f.read(), args)
     if ns.np > 0:
-        _session(ns.master, ns.np, conf)
+        if ns.master and ns.remote:
+            raise _Refused("--master and --remote name two different Spark sessions; pass one")
+        _session(ns.master, ns.np, conf, ns.remote)
     try:
         runner.run(fn, num_proc=ns.np, env=env, start_timeout=ns.start_timeout,
                    verbose=ns.verbose, max_restarts=ns.max_restarts)

@@ -101,6 +101,8 @@ def get_session(np_hint: int = 0, start: bool = True, conf: Optional[Mapping[str
     spark: Optional[SparkSession] = SparkSession.getActiveSession()
     if spark is not None:
         return spark
+    if os.environ.get("SPARK_REMOTE") or os.environ.get("SPARK_CONNECT_MODE_ENABLED"):
+        return SparkSession.builder.getOrCreate()  # Spark Connect: a client of that server
     if SparkContext._active_spark_context is not None:
         return SparkSession(SparkContext._active_spark_context)
     if os.environ.get("PYSPARK_GATEWAY_PORT"):  # under spark-submit: its master and conf

@@ -143,3 +143,25 @@ def test_the_progress_bar_runs_to_the_end_on_the_client(session, capsys):
     assert horovod_spark.run(steps, num_proc=2) == [True, True]
     err = capsys.readouterr().err
     assert "epoch 1/1: 100%" in err and "3/3" in err
+
+
+def test_the_cli_runs_a_script_on_a_connect_server(connect_server, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text("import os\nprint('rank', os.environ['HVS_RANK'], 'of', "
+                      "os.environ['HOROVOD_SIZE'], flush=True)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED")}
+    env["PYTHONPATH"] = os.pathsep.join([connect_server_repo(), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-m", "horovod_spark.cli", "run", "--np", "2",
+                           "--remote", connect_server.url, str(script)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "[0]<stdout>:rank 0 of 2" in done.stdout and "[1]<stdout>:rank 1 of 2" in done.stdout
+
+
+def connect_server_repo():
+    from connect_server import REPO
+    return REPO
