@@ -135,7 +135,7 @@ class BarrierJob:
                 checks.wait_for_slots(self.cluster, opts.np, opts.start_timeout,
                                       say=lambda m: opts.say(1, m))
             try:
-                with failure_logs_off(self.sc):  # the JobFailedError says it all, once
+                with failure_logs_off(self.cluster.sc):  # the JobFailedError says it all, once
                     return self.attempt(attempt, payload, stage, **spec_fields)
             except JobFailedError as err:
                 if not _restarting(opts, attempt, err):

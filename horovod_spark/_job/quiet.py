@@ -35,7 +35,13 @@ def _set_levels(sc, levels: dict) -> dict:
 
 @contextlib.contextmanager
 def failure_logs_off(sc) -> Iterator[None]:
-    """Spark's failure logs off in the driver JVM for the block and LINGER_S after (nestable)."""
+    """Spark's failure logs off in the driver JVM for the block and LINGER_S after (nestable).
+
+    `sc` None (a Spark Connect client: the driver's JVM is the server's): nothing to turn off.
+    """
+    if sc is None:
+        yield
+        return
     with _lock:
         if not _state["saved"]:  # else still off from a job that ended within LINGER_S
             try:
