@@ -234,9 +234,10 @@ def main() -> int:
                    help="also time ours and TorchDistributor on a local Spark Connect server")
     p.add_argument("--out", default=os.path.join(HERE, "results", "launch.json"))
     ns = p.parse_args()
-    server = _connect_server(ns.master) if ns.connect else None
-    spark = _session(ns.master)
+    spark = _session(ns.master)  # first: a JVM launched after a gRPC client fails to start
+    server = None
     try:
+        server = _connect_server(ns.master) if ns.connect else None
         results, failures = measure(ns.np, ns.reps, ns.cases.split(","), ns.connect)
     finally:
         spark.stop()
