@@ -70,7 +70,6 @@ class TaskSpec:
     executable: Optional[str] = None
     warm: bool = True             # fork the rank from the worker's zygote when it has one
     job_store: Optional[str] = None  # host:port of the driver's job store (None: allGather)
-    deliver: bool = True          # the result home through the job store (the runner's stage)
 
 
 #: Seconds a GPU task waits for the other tasks of its host to publish their GPUs.
@@ -291,7 +290,7 @@ def run_task(spec: TaskSpec, _partition: Iterator
                                                  f"cannot start the rank process: {exc}",
                                                  traceback=traceback.format_exc())))
         result = proc.outcome(proc.wait())
-        if result is not None and spec.deliver and proc.server.deliver(delivered_key(spec.job, proc.rank), result):
+        if result is not None and proc.server.deliver(delivered_key(spec.job, proc.rank), result):
             result = b""  # delivered: the row only says so
     finally:
         proc.cleanup()

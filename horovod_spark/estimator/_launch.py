@@ -110,9 +110,8 @@ def _stage(spark, df, num_proc: int, job: FitJob, verbose: int):
                 for r in rows]
 
     try:
-        # deliver=False: rank 0's model comes back in its row, which this stage reads
         with failure_logs_off(None if is_connect(spark) else spark.sparkContext):
-            rows = BarrierJob(spark, opts, name="hvs-fit").attempt(0, b"", stage, deliver=False)
+            rows = BarrierJob(spark, opts, name="hvs-fit").attempt(0, b"", stage)
     finally:
         display.close()
     for _, status, message, _ in sorted(rows, key=lambda r: r[0]):
