@@ -14,8 +14,8 @@ Runners: horovod_spark as it ships (warm starts, the driver's job store);
 ``hs no-warm`` with HOROVOD_SPARK_WARM_START=0 (every rank a fresh python);
 ``hs allGather`` with warm starts off and HOROVOD_SPARK_RENDEZVOUS=spark (the
 ranks meet through one BarrierTaskContext.allGather: how a job started before
-both existed); ``hs rdd stage``, the classic session's barrier RDD stage instead of
-the barrier ``mapInArrow`` DataFrame stage that classic and Connect sessions share;
+both existed); ``hs dataframe stage``, the classic session running the barrier ``mapInArrow``
+DataFrame stage that Connect sessions run, instead of its barrier RDD stage;
 and TorchDistributor.
 
 ``--connect`` adds a local Spark Connect server (pyspark's own, master --master, in
@@ -149,7 +149,7 @@ def measure(np_: int, reps: int, cases, connect: bool = False) -> tuple:
         "bootstrap": (ours_bootstrap, torch_bootstrap),
         "torch": (ours_torch, torch_bootstrap),
     }
-    variants = {"horovod_spark": {}, "hs rdd stage": {"stage": "rdd"},
+    variants = {"horovod_spark": {}, "hs dataframe stage": {"stage": "dataframe"},
                 "hs no-warm": {"HOROVOD_SPARK_WARM_START": "0"},
                 "hs allGather": {"HOROVOD_SPARK_WARM_START": "0",
                                  "HOROVOD_SPARK_RENDEZVOUS": "spark"}}
@@ -161,13 +161,13 @@ def measure(np_: int, reps: int, cases, connect: bool = False) -> tuple:
             settings = {k: v for k, v in env.items() if k.startswith("HOROVOD_")}
             saved = {k: os.environ.get(k) for k in settings}
             os.environ.update(settings)
-            Cluster.classic_stage = env.get("stage", "dataframe")
+            Cluster.classic_stage = env.get("stage", "rdd")
             _connect_mode("connect" in env)
             try:
                 horovod_spark.run(fn, num_proc=np_)
             finally:
                 _connect_mode(False)
-                Cluster.classic_stage = "dataframe"
+                Cluster.classic_stage = "rdd"
                 for k, v in saved.items():
                     if v is None:
                         os.environ.pop(k, None)
