@@ -153,7 +153,9 @@ class Display:
     def _postfix(self) -> str:
         samples, share = self.rates()
         steps = self.step_rate()
-        parts = [f"{steps:.3g} step/s"] if steps > 0 else []
+        # three figures below 100 (57.3), whole steps with separators above (1,520): never 1.52e+03
+        rate = f"{steps:,.0f}" if steps >= 100 else f"{steps:.3g}"
+        parts = [f"{rate} step/s"] if steps > 0 else []
         loss = self._lead().get("loss")
         if loss is not None:
             parts.append(f"loss {loss:.4g}")
