@@ -89,8 +89,6 @@ def payload_of(fn, args, kwargs, opts: JobOptions) -> bytes:
 
 def run_on_driver(fn, args, kwargs, opts: JobOptions) -> list:
     """-np ranks on this machine through collectives.launch; no Spark tasks."""
-    import dataclasses as dc
-
     from collectives.launch import RankFailed, run_local
 
     pickle_job(fn, args, kwargs)  # the same clear error as on Spark
@@ -100,7 +98,8 @@ def run_on_driver(fn, args, kwargs, opts: JobOptions) -> list:
             return run_local(_tracked(fn, opts), size, args=args, kwargs=kwargs, env=dict(opts.env),
                              stdout=opts.stdout, stderr=opts.stderr, timeout=opts.timeout)
         except RankFailed as exc:
-            failure = dc.replace(exc.failure, size=size, host=exc.failure.host or "localhost")
+            failure = dataclasses.replace(exc.failure, size=size,
+                                          host=exc.failure.host or "localhost")
             err = JobFailedError(failure, attempt, opts.max_restarts + 1, code_files(fn))
             if not _restarting(opts, attempt, err):
                 raise err from None

@@ -8,12 +8,13 @@ launcher uses too.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Mapping, Optional, Union
 
 from collectives.errors import describe
 from collectives.launch import RankFailed
-from collectives.launch.record import Failure, failure_text, root_cause
+from collectives.launch.record import Failure, failure_text, root_cause, signal_name
 
 from ..progress import PROGRESS_MARK
 from .logchannel import LogServer, parse_failure_markers
@@ -34,9 +35,10 @@ class JobFailedError(RankFailed):
         if not isinstance(failure, Failure):
             failure = Failure.from_dict(failure)
         if files and failure.traceback:
-            failure = _replace(failure, traceback=restore_frames(failure.traceback, files))
+            failure = dataclasses.replace(failure,
+                                          traceback=restore_frames(failure.traceback, files))
         if failure.tail:  # progress records are for the bar, not for the reader
-            failure = _replace(failure, tail=tuple(ln for ln in failure.tail
+            failure = dataclasses.replace(failure, tail=tuple(ln for ln in failure.tail
                                                    if PROGRESS_MARK not in ln))
         self.attempt, self.attempts = attempt, attempts
         super().__init__(failure)
@@ -52,8 +54,6 @@ class JobFailedError(RankFailed):
     @property
     def signal(self) -> Optional[str]:
         """The name of the signal that killed the rank, if one did."""
-        from collectives.launch.record import signal_name
-
         return signal_name(self.exitcode)
 
     def _hint(self) -> Optional[str]:
@@ -70,12 +70,6 @@ class JobFailedError(RankFailed):
         text = describe(what, op=op, rank=f.rank, size=f.size,
                         address=f"host {f.host}" if f.host else None, hint=self._hint())
         return failure_text(text, self._who(), f.traceback, "\n".join(f.tail))
-
-
-def _replace(failure: Failure, **changes) -> Failure:
-    import dataclasses
-
-    return dataclasses.replace(failure, **changes)
 
 
 _BARRIER_TASK = re.compile(r"barrier task ResultTask\(\d+, (\d+)\) finished unsuccessfully")
@@ -115,7 +109,7 @@ def failure_of(server: Optional[LogServer], exc: BaseException, np_: int) -> Fai
     text = str(exc)
     spark = spark_failure(text, np_)
     if server is not None and spark.rank is not None and not spark.host:
-        spark = _replace(spark, host=server.hosts.get(spark.rank))  # where its task ran
+        spark = dataclasses.replace(spark, host=server.hosts.get(spark.rank))  # where its task ran
     known = [Failure.from_dict(r) for r in parse_failure_markers(text)]
     if spark.rank is not None:
         known.append(spark)
