@@ -87,6 +87,15 @@ def notes(outdir, what: str) -> Dict[int, dict]:
     return out
 
 
+def note_of(out, what: str, rank: int) -> dict:
+    """The note `what` of `rank`; where there is none, an AssertionError that says how the
+    job ended instead (a job that failed before the fault has no note of it)."""
+    found = out.notes(what)
+    assert rank in found, (f"rank {rank} left no {what!r} note; the job ended with "
+                           f"{out.error!r}; errors noted: {out.notes('error')}")
+    return found[rank]
+
+
 @dataclasses.dataclass
 class Outcome:
     error: Optional[BaseException]

@@ -205,6 +205,23 @@ RENDEZVOUS_POINTS = {
 }
 
 
+def start_together(outdir, size, timeout=120.0):
+    """Wait (bounded) until every rank has noted its pid: the connect timeout under test
+    then counts from a common start, not from each process's own start, which a loaded
+    machine spreads over seconds (a rank seen late is not the fault these tests make)."""
+    deadline = time.monotonic() + timeout
+    while len(notes_of(outdir, "pid")) < size:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {sorted(notes_of(outdir, 'pid'))} of {size} ranks started "
+                               f"within {timeout:g} s")
+        time.sleep(0.01)
+
+
+def notes_of(outdir, what):
+    return {int(n.split(".")[1]) for n in os.listdir(outdir)
+            if n.startswith(what + ".") and n.endswith(".json")}
+
+
 def rendezvous_and_die(outdir, victim, point):
     """The victim dies at `point` of bootstrap; the others bootstrap and allreduce once."""
     rank, late = _rank(), []
@@ -221,6 +238,7 @@ def rendezvous_and_die(outdir, victim, point):
             late.append(time.sleep(0.8))
 
     def body():
+        start_together(outdir, int(os.environ["HVS_SIZE"]))  # after guarded() noted the pid
         if point == "before-init" and rank == victim:
             die_now(outdir, rank, point)
         comm = communicator_through(hook)

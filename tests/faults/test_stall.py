@@ -30,7 +30,7 @@ def test_a_stalled_rank_is_reported_by_the_others_then_fails_them_at_the_stall_t
                             outdir=fault.outdir)
     assert out.error is not None, out.value
     assert "not yet by ranks [2]" in str(out.error), str(out.error)
-    stalled_at = out.notes("stalled")[2]["t"]
+    stalled_at = kit.note_of(out, "stalled", 2)["t"]
     errors, warnings = out.notes("error"), out.notes("warnings")
     for r in (0, 1):
         assert errors[r]["type"] == "CollectiveTimeout", errors[r]
@@ -53,7 +53,7 @@ def test_a_rank_stalled_in_a_plain_allreduce_fails_the_others_at_the_timeout_nam
                             env=fault.env(tcp=transport == "tcp", timeout=OP_TIMEOUT),
                             outdir=fault.outdir)
     assert out.error is not None, out.value
-    stalled_at = out.notes("stalled")[1]["t"]
+    stalled_at = kit.note_of(out, "stalled", 1)["t"]
     errors = out.notes("error")
     for r in (0, 2):  # the first to time out leaves; the other may see it leave first
         assert errors[r]["type"] in ("CollectiveTimeout", "PeerLostError"), errors[r]
