@@ -6,7 +6,8 @@ environment handed down carries no HVS_* rank variables, which would send
 init() to the native backend's store, and sets HOROVOD_SPARK_BACKEND=mpi, so
 the choice holds even under a launcher whose variables we do not recognise.
 mpiexec runs in its own process group: Ctrl-C or a SIGTERM to us reaches it,
-and the function returns only after mpiexec and its ranks are gone.
+and the function returns only after mpiexec and its ranks are gone, and after the
+shared-memory segments the MPI runtime's killed ranks left are removed.
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import subprocess
 import sys
 import threading
 from typing import Mapping, Optional, Sequence
+
+from collectives.backends.shm_names import mpi_segments, remove_orphaned_mpi_segments
 
 __all__ = ["run_mpi", "mpiexec_command"]
 
@@ -65,6 +68,7 @@ def run_mpi(np: int, script: str, args: Sequence[str] = (), env: Optional[Mappin
         timeout: seconds before mpiexec and every rank are killed (status 124).
     """
     cmd = mpiexec_command(np, script, args, mpiexec, mpiexec_args)
+    before = mpi_segments()
     proc = subprocess.Popen(cmd, env=_rank_environment(env), start_new_session=True)
     previous = _on_sigterm_exit()
     try:
@@ -85,6 +89,7 @@ def run_mpi(np: int, script: str, args: Sequence[str] = (), env: Optional[Mappin
             _kill_group(proc, signal.SIGKILL)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        remove_orphaned_mpi_segments(before)
 
 
 def _on_sigterm_exit():

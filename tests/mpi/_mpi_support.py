@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from collectives.backends.shm_names import mpi_segments, remove_orphaned_mpi_segments
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -44,6 +46,7 @@ def mpiexec(n: int, argv: list, timeout: float = 120, env: dict | None = None) -
     its proxies and every rank, and leaves nothing behind.
     """
     cmd = ["mpiexec", "-n", str(n), sys.executable, *argv]
+    before = mpi_segments()
     proc = subprocess.Popen(cmd, cwd=REPO, env=clean_env(env), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -52,6 +55,8 @@ def mpiexec(n: int, argv: list, timeout: float = 120, env: dict | None = None) -
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
         pytest.fail(f"{' '.join(cmd)} did not finish in {timeout} s; last output:\n{out[-4000:]}")
+    finally:
+        remove_orphaned_mpi_segments(before)  # what ranks mpiexec killed left
     return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from _mpi_support import clean_env, requires_mpi
 
+from collectives.backends.shm_names import mpi_segments
 from horovod_spark._job.mpirun import mpiexec_command, run_mpi
 
 SCRIPT = textwrap.dedent("""
@@ -45,6 +46,30 @@ def test_run_mpi_starts_np_ranks_that_take_their_placement_from_mpi(script, tmp_
 def test_run_mpi_returns_the_failing_ranks_exit_status_as_a_failure(script, tmp_path):
     rc = run_mpi(2, str(script), [str(tmp_path / "out"), "3"], env=clean_env(), timeout=120)
     assert rc != 0
+
+
+DIES_MID_JOB = textwrap.dedent("""
+    import os
+    import numpy as np
+    import collectives
+    comm = collectives.init()
+    x = comm.allreduce(np.ones(1 << 16, np.float32))
+    if comm.rank == 1:
+        os._exit(7)
+    comm.allreduce(x)
+""")
+
+
+@pytest.mark.mpi
+@requires_mpi
+def test_a_rank_dying_mid_job_leaves_no_mpi_segment_in_dev_shm(tmp_path):
+    """mpiexec SIGKILLs the survivors, which cannot unlink the runtime's shared memory."""
+    script = tmp_path / "dies.py"
+    script.write_text(DIES_MID_JOB)
+    before = mpi_segments()
+    rc = run_mpi(3, str(script), env=clean_env(), timeout=120)
+    assert rc != 0
+    assert mpi_segments() - before == set()
 
 
 def test_a_missing_mpiexec_is_reported_with_an_install_hint(monkeypatch, tmp_path):
