@@ -12,7 +12,10 @@ cause* of a failed job (`root_cause`) is the failure that explains the others:
 2. a rank that died without a word;
 3. a *pointing* error: a communication error naming a peer ("peer rank 1")
    that reported nothing itself; the culprit is that peer, not the reporter;
-4. any communication error; then anything else.
+4. a *partition*: two ranks whose communication errors name each other (both
+   alive, both still reaching the launcher): the cause is the link between
+   them, so the failure names the pair and no culprit rank;
+5. any communication error; then anything else.
 
 Within a class, the earliest arrival wins.  The local launcher, the Spark
 driver and the estimator all use this one rule.
@@ -32,6 +35,7 @@ __all__ = ["Failure", "RankResult", "root_cause", "failure_text", "signal_name",
 COMM_ERRORS = ("PeerLostError", "CollectiveTimeout")
 DEATHS = ("ProcessDied", "ProcessExited", "SparkTaskFailed", "ExecutorLost")
 _PEER = re.compile(r"peer rank (\d+)")
+_PEER_AT = re.compile(r"peer rank (\d+) at ([^\s)]+)")
 
 
 def signal_name(exitcode: Optional[int]) -> Optional[str]:
@@ -136,8 +140,40 @@ def root_cause(failures: Sequence[Failure]) -> Failure:
                 f, rank=peer, host=None, exitcode=None, reported_by=f.rank,
                 hint=f"rank {peer} reported nothing itself: is it stopped, swapped out or cut "
                      f"off? (rank {f.rank} saw it)")
+    pair = _partition(unique)
+    if pair is not None:
+        return pair
     order = {"comm": 0, "death": 1, "own": 1, "aborted": 2}
     return min(enumerate(unique), key=lambda i_f: (order[i_f[1].kind], i_f[0]))[1]
+
+
+def _where(rank: int, own: Failure, other: Failure) -> str:
+    """Where a rank is: its own host, or the address its peer's error gives it."""
+    for m in _PEER_AT.finditer(other.message):
+        if int(m.group(1)) == rank:
+            return m.group(2)
+    return own.host or "an unknown address"
+
+
+def _partition(unique: Sequence[Failure]) -> Optional[Failure]:
+    """The earliest two communication errors that name each other, as one failure of the
+    link between their ranks (rank None: neither rank is the culprit)."""
+    comm = {f.rank: f for f in unique if f.kind == "comm" and f.rank is not None}
+    for f in comm.values():
+        g = comm.get(f.named_peer())
+        if g is None or g is f or g.named_peer() != f.rank:
+            continue
+        a, b = _where(f.rank, f, g), _where(g.rank, g, f)
+        if a.rsplit(":", 1)[0] == b.rsplit(":", 1)[0]:
+            continue  # one host: ranks waiting on each other are not cut off from each other
+        return dataclasses.replace(
+            f, rank=None, host=None, exitcode=None, reported_by=None,
+            message=f"rank {f.rank} at {a} and rank {g.rank} at {b} cannot reach each other, "
+                    f"each waited on the other (rank {f.rank}: {f.message} | rank {g.rank}: "
+                    f"{g.message})",
+            hint=f"a network partition between {a} and {b}? both still reach the driver; "
+                 f"check the routes and firewalls between those hosts")
+    return None
 
 
 @dataclasses.dataclass(frozen=True)

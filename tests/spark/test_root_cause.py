@@ -33,3 +33,24 @@ def test_a_lost_executor_keeps_sparks_reason_and_names_the_executor():
     f = spark_failure(LOST_EXECUTOR, 4)
     assert f.rank == 1 and f.error_type == "ExecutorLost" and f.kind == "death"
     assert "exited with code 137" in f.message and "executor 1" in f.message
+
+
+def test_a_partition_between_two_reporting_hosts_names_the_pair_not_one_rank():
+    # both leaders still reach the driver and each names the other; their local ranks
+    # report their own leader through shared memory first
+    cause = root_cause([_lost(1, 0, "10.0.0.1:4000", SHM), _lost(3, 2, "10.0.0.2:4001", SHM),
+                        _lost(2, 0, "10.0.0.1:4100", TCP), _lost(0, 2, "10.0.0.2:4200", TCP)])
+    assert cause.rank is None and cause.kind == "comm", cause
+    assert "rank 2 at 10.0.0.2:4200 and rank 0 at 10.0.0.1:4100 cannot reach each other" \
+        in cause.message, cause.message
+    assert "10.0.0.2:4200 and 10.0.0.1:4100" in cause.hint, cause.hint
+
+
+def test_errors_that_name_no_pair_or_name_a_local_pair_are_no_partition():
+    # a ring of blame (0 -> 2 -> 1 -> 0): no pair, the earliest error stands
+    first = _lost(0, 2, "10.0.0.2:4200", TCP)
+    ring = [first, _lost(2, 1, "10.0.0.3:4300", TCP), _lost(1, 0, "10.0.0.1:4100", TCP)]
+    assert root_cause(ring) == first
+    # two ranks of one host waiting on each other through shared memory: not a network
+    local = [_lost(2, 3, "10.0.0.2:4001", SHM), _lost(3, 2, "10.0.0.2:4000", SHM)]
+    assert root_cause(local) == local[0]
