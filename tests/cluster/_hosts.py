@@ -21,6 +21,8 @@ import json
 import os
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -88,11 +90,12 @@ class Box:
         return ["nsenter", "-t", str(self.holder.pid), "-n", "-m", "-u", f"--wd={os.getcwd()}",
                 "--", *cmd]
 
-    def spawn(self, cmd: Sequence[str], env: Dict[str, str], log: str) -> subprocess.Popen:
+    def spawn(self, cmd: Sequence[str], env: Dict[str, str], log: str,
+              stdin=subprocess.DEVNULL) -> subprocess.Popen:
         """Start cmd in this box, its output to log; it dies with the test process."""
         with open(log, "ab") as out:
             return subprocess.Popen(self.argv(cmd), env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+                                    stdin=stdin, preexec_fn=_die_with_parent)
 
     def run(self, cmd: Sequence[str], env: Optional[Dict[str, str]] = None, timeout: float = 30,
             check: bool = True) -> subprocess.CompletedProcess:
@@ -123,6 +126,41 @@ class Host:
         """Every process in this host's network namespace."""
         done = subprocess.run(["ip", "netns", "pids", self.netns], capture_output=True, text=True)
         return [int(p) for p in done.stdout.split()]
+
+    def listeners(self, marker: bytes) -> List[tuple]:
+        """(address, port) of the TCP listeners, not on loopback, held by this host's
+        processes whose command line holds `marker`."""
+        found, table = set(), None
+        for pid in self.pids():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if marker not in f.read():
+                        continue
+                if table is None:  # one view of the namespace's sockets serves every pid
+                    table = _tcp_listeners(pid)
+                inodes = set()
+                for fd in os.listdir(f"/proc/{pid}/fd"):
+                    try:
+                        inodes.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+                    except OSError:  # closed meanwhile
+                        pass
+            except OSError:  # it exited meanwhile
+                continue
+            found |= {table[i] for i in table if f"socket:[{i}]" in inodes}
+        return sorted(a for a in found if not a[0].startswith("127."))
+
+
+def _tcp_listeners(pid: int) -> Dict[str, tuple]:
+    """inode -> (address, port) of the listening IPv4 sockets in pid's network namespace."""
+    out = {}
+    with open(f"/proc/{pid}/net/tcp") as f:
+        for row in f.readlines()[1:]:
+            fields = row.split()
+            if fields[3] != "0A":  # LISTEN
+                continue
+            addr, port = fields[1].split(":")
+            out[fields[9]] = (socket.inet_ntoa(struct.pack("<I", int(addr, 16))), int(port, 16))
+    return out
 
 
 class Netns:
@@ -184,6 +222,13 @@ class Netns:
         _ip("-n", self.bridge, "link", "set", f"v{self.hosts.index(host) + 1}",
             "up" if up else "down")
 
+    def partition(self, a: Host, b: Host, cut: bool) -> None:
+        """Drop (or restore) every packet between hosts a and b, each still reaching the
+        others: a blackhole route to the other's address in each host."""
+        for host, other in ((a, b), (b, a)):
+            _ip("-n", host.netns, "route", "add" if cut else "del", "blackhole",
+                f"{other.address}/32")
+
     def close(self) -> List[str]:
         """End every process of the cluster by pid, delete every namespace: what was left."""
         left: List[str] = []
@@ -215,12 +260,10 @@ class Netns:
         return left
 
 
-def result_line(output: str) -> dict:
-    """The JSON a driver program printed after 'RESULT '."""
-    for line in reversed(output.splitlines()):
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    raise AssertionError(f"the driver program printed no RESULT line:\n{output[-6000:]}")
+def result_lines(output: str) -> List[dict]:
+    """The JSON objects a driver program printed after 'RESULT ', in order."""
+    return [json.loads(line[len("RESULT "):]) for line in output.splitlines()
+            if line.startswith("RESULT ")]
 
 
 def python() -> str:

@@ -1,6 +1,8 @@
-"""Driver programs the cluster tests run in the head host (one process, one Spark app).
+"""The driver program the cluster tests run in the head host (one process, one Spark app).
 
-argv: a scenario name and its JSON arguments.  Prints `RESULT {json}`.  The
+argv: the app's layout as JSON (cores, executor_cores, conf).  It starts the
+session, then runs one scenario per JSON line on its stdin ({"scenario",
+"args"}) and prints one `RESULT {json}` line each; EOF stops the app.  The
 training functions travel by value (cloudpickle), so the executors need
 nothing of this file.
 """
@@ -8,6 +10,7 @@ import json
 import os
 import sys
 import time
+import traceback
 
 import cloudpickle
 
@@ -18,8 +21,8 @@ import horovod_spark  # noqa: E402
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-COUNTS = (0, 1, 7, 1023, 1 << 18)
-FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"  # elements: empty, one, odd, below and above chunk sizes
+COUNTS = (0, 1, 7, 1023, 1 << 18)  # elements: empty, one, odd, below and above chunk sizes
+FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def session(cores_max: int, executor_cores: int, conf=()):
@@ -42,14 +45,22 @@ def session(cores_max: int, executor_cores: int, conf=()):
         b = b.config(k, v)
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    deadline = time.monotonic() + 120
-    while _executors(spark) < cores_max // executor_cores and time.monotonic() < deadline:
-        time.sleep(0.2)
     return spark
 
 
 def _executors(spark) -> int:
     return spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1
+
+
+def wait_executors(spark, count: int, timeout: float = 120.0) -> None:
+    """Until the app has `count` executors (a scenario may have killed one: the Master
+    starts another)."""
+    deadline = time.monotonic() + timeout
+    while _executors(spark) != count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the app has {_executors(spark)} executors, not {count}, "
+                               f"after {timeout} s")
+        time.sleep(0.2)
 
 
 def inputs(rank: int, count: int, dtype):
@@ -64,7 +75,6 @@ def collectives_fn(counts, steps):
     import hashlib
     import socket
 
-    import numpy as np
     import torch
 
     import horovod_spark.torch as hvd
@@ -111,40 +121,38 @@ def expected_sums(size: int, counts) -> dict:
     return out
 
 
-def scenario_collectives(a: dict) -> dict:
-    """Both rendezvous modes in one app: every rank's account, and numpy's sums."""
-    started = time.monotonic()
-    spark = session(a["np"], a["executor_cores"], a.get("conf", ()))
-    runs, seconds = {}, {"session": time.monotonic() - started}
+def scenario_collectives(spark, a: dict) -> dict:
+    """Each rendezvous mode asked for: every rank's account, and numpy's sums."""
+    runs, seconds = {}, {}
     for mode in a.get("modes", ("driver", "spark")):
         os.environ["HOROVOD_SPARK_RENDEZVOUS"] = mode
         started = time.monotonic()
         runs[mode] = horovod_spark.run(collectives_fn, args=(COUNTS, a.get("steps", 3)),
                                        num_proc=a["np"], env=a.get("env"), verbose=0)
         seconds[mode] = time.monotonic() - started
-    return {"runs": runs, "expected": expected_sums(a["np"], COUNTS),
-            "executors": _executors(spark), "seconds": seconds}
+    os.environ.pop("HOROVOD_SPARK_RENDEZVOUS", None)
+    return {"runs": runs, "expected": expected_sums(a["np"], COUNTS), "seconds": seconds}
 
 
 def hang_fn(marker_dir, seconds):
-    """Publish where this rank lives, then allreduce until killed from outside."""
+    """Publish where this rank lives, then allreduce until killed from outside.  Numpy and
+    the communicator only: no torch to import, and so no warm zygote is ever kept."""
     import numpy as np
 
-    import horovod_spark.torch as hvd
-    import torch
+    import collectives
 
-    hvd.init()
-    with open(os.path.join(marker_dir, f"rank{hvd.rank()}.json"), "w") as f:
+    comm = collectives.init()
+    with open(os.path.join(marker_dir, f"rank{comm.rank}.json"), "w") as f:
         json.dump({"pid": os.getpid(), "host": os.environ.get("HVS_BIND_ADDR")}, f)
+    x = np.ones(1 << 16, np.float32)
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        hvd.allreduce(torch.from_numpy(np.ones(1 << 16, np.float32)), name="spin")
+        comm.allreduce(x, out=x)
     return "finished"
 
 
-def scenario_fault(a: dict) -> dict:
+def scenario_fault(spark, a: dict) -> dict:
     """A job the test breaks from outside: the driver's error, and how long it took."""
-    session(a["np"], a["executor_cores"])
     started = time.monotonic()
     try:
         horovod_spark.run(hang_fn, args=(a["markers"], a["seconds"]), num_proc=a["np"],
@@ -155,7 +163,45 @@ def scenario_fault(a: dict) -> dict:
                 "seconds": time.monotonic() - started}
 
 
-def scenario_estimator(a: dict) -> dict:
+def steady_fn(marker_dir, attacked, stop, seconds):
+    """Allreduce exact inputs until `stop` appears: rounds, rounds after `attacked`
+    appeared, and results that differ from numpy's."""
+    import numpy as np
+
+    import collectives
+
+    comm = collectives.init()
+    with open(os.path.join(marker_dir, f"rank{comm.rank}.json"), "w") as f:
+        json.dump({"pid": os.getpid(), "host": os.environ.get("HVS_BIND_ADDR")}, f)
+    counts = (1, 1023, 1 << 18)
+    want = {c: sum(inputs(r, c, "float32") for r in range(comm.size)) for c in counts}
+    rounds = after = wrong = 0
+    deadline = time.monotonic() + seconds
+    while True:  # the ranks agree on when to stop: one MAX of everyone's "stop"
+        done = np.array([os.path.exists(stop) or time.monotonic() > deadline], np.int32)
+        if comm.allreduce(done, op=collectives.ReduceOp.MAX)[0]:
+            break
+        for c in counts:
+            wrong += int(not np.array_equal(comm.allreduce(inputs(comm.rank, c, "float32")),
+                                            want[c]))
+        rounds += 1
+        after += int(os.path.exists(attacked))
+        if rounds % 50 == 0:
+            print(f"rank {comm.rank}: {rounds} rounds", flush=True)  # the log channel's work
+    return {"rank": comm.rank, "rounds": rounds, "after": after, "wrong": wrong,
+            "stopped": os.path.exists(stop)}
+
+
+def scenario_steady(spark, a: dict) -> dict:
+    """A job that runs until the test says stop (see steady_fn): every rank's account."""
+    started = time.monotonic()
+    ranks = horovod_spark.run(steady_fn, args=(a["markers"], a["attacked"], a["stop"],
+                                               a["seconds"]),
+                              num_proc=a["np"], env=a.get("env"), verbose=0)
+    return {"ranks": ranks, "seconds": time.monotonic() - started}
+
+
+def scenario_estimator(spark, a: dict) -> dict:
     """TorchEstimator fit, transform, save and load with a shared Store; then a fit that
     names a run_id with a Store on each host's own /tmp: refused before training."""
     import numpy as np
@@ -163,7 +209,6 @@ def scenario_estimator(a: dict) -> dict:
 
     from horovod_spark.estimator import Store, TorchEstimator, TorchModel
 
-    spark = session(a["np"], a["executor_cores"])
     rng = np.random.default_rng(0)
     x = rng.normal(size=(400, 8))
     rows = [(x_.tolist(), float(x_.sum() > 0)) for x_ in x]
@@ -193,14 +238,30 @@ def scenario_estimator(a: dict) -> dict:
 
 
 SCENARIOS = {"collectives": scenario_collectives, "fault": scenario_fault,
-             "estimator": scenario_estimator}
+             "estimator": scenario_estimator, "steady": scenario_steady}
+
+
+def serve(layout: dict) -> None:
+    """The session, then one scenario a line of stdin until EOF; then the app stops."""
+    started = time.monotonic()
+    spark = session(layout["cores"], layout["executor_cores"], layout.get("conf", ()))
+    executors = layout["cores"] // layout["executor_cores"]
+    wait_executors(spark, executors)
+    print(f"session up in {time.monotonic() - started:.1f} s", flush=True)
+    try:
+        for line in sys.stdin:
+            request = json.loads(line)
+            try:
+                wait_executors(spark, executors)
+                started = time.monotonic()
+                result = SCENARIOS[request["scenario"]](spark, request["args"])
+                result["scenario_seconds"] = time.monotonic() - started
+            except Exception:  # the test shows it; the app serves the next scenario
+                result = {"exception": traceback.format_exc()}
+            print("RESULT " + json.dumps(result), flush=True)
+    finally:
+        spark.stop()  # free the app's cores
+
 
 if __name__ == "__main__":
-    name, args = sys.argv[1], json.loads(sys.argv[2])
-    result = SCENARIOS[name](args)
-    print("RESULT " + json.dumps(result), flush=True)
-    from pyspark.sql import SparkSession
-
-    active = SparkSession.getActiveSession()
-    if active is not None:  # free the app's cores for the next driver program
-        active.stop()
+    serve(json.loads(sys.argv[1]))

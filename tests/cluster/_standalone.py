@@ -8,6 +8,7 @@ head box as a subprocess (the test process is in no namespace); it prints one
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -15,11 +16,12 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
-from _hosts import Box, Host, Netns, result_line
+from _hosts import Box, Host, Netns, result_lines
 
-__all__ = ["Standalone", "ROOT"]
+__all__ = ["Standalone", "App", "ROOT"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_program.py")
 MASTER_PORT = 7077
 
 
@@ -105,37 +107,78 @@ class Standalone:
         except FileNotFoundError:
             return "(no log)"
 
-    def driver(self, script: str, args: Sequence[str] = (), env: Optional[Dict[str, str]] = None,
-               timeout: float = 480.0) -> subprocess.Popen:
-        """Start a driver program in the head box; read it with `finish`."""
+    def app(self, name: str, layout: dict, env: Optional[Dict[str, str]] = None) -> "App":
+        """A driver program (one Spark app) in the head box, serving scenarios; see `App`."""
         full = {**self._env(self.head), "CLUSTER_TEST_MASTER": self.url,
                 "CLUSTER_TEST_DRIVER_HOST": self.head.address, **(env or {})}
-        log = open(os.path.join(self.logs, f"driver-{os.path.basename(script)}-{time.time_ns()}.log"),
-                   "w+")
-        proc = self.head.box.spawn([sys.executable, script, *args], full, log.name)
-        proc.log, proc.limit = log, timeout
-        return proc
+        return App(self.head.box, full, os.path.join(self.logs, f"app-{name}-{time.time_ns()}.log"),
+                   layout)
 
-    def finish(self, proc: subprocess.Popen) -> dict:
+    def restart_worker(self, box: Box, cores: int, memory: str = "3g") -> None:
+        """A new Worker in `box` (after a test killed the old one), registered on return."""
+        self.workers.pop(box.name, None)
+        before = self._registered()
+        self._start_worker(box, cores, memory)
+        self.wait_workers(before + 1)
+
+
+
+class App:
+    """One driver program, one Spark app, running the scenarios the tests ask for.
+
+    The program (`_program.py`) starts a session of `layout` (np, executor
+    cores, conf), then reads one request a line from its stdin, runs that
+    scenario and prints one `RESULT {json}` line; a scenario that raised
+    answers {"exception": its traceback}.  Closing its stdin stops the app.
+    Tests of one layout share it, so they pay for its JVMs and its warm
+    rank starts once.
+    """
+
+    def __init__(self, box: Box, env: Dict[str, str], log: str, layout: dict) -> None:
+        self.log = log
+        self.proc = box.spawn([sys.executable, PROGRAM, json.dumps(layout)], env, log,
+                              stdin=subprocess.PIPE)
+        self.asked = 0
+
+    def start(self, scenario: str, **args) -> None:
+        """Ask for a scenario; its answer is the next `result`."""
+        self.proc.stdin.write((json.dumps({"scenario": scenario, "args": args}) + "\n").encode())
+        self.proc.stdin.flush()
+        self.asked += 1
+
+    def read(self) -> str:
+        with open(self.log, errors="replace") as f:
+            return f.read()
+
+    def answers(self) -> List[dict]:
+        return result_lines(self.read())
+
+    def result(self, timeout: float = 480.0) -> dict:
+        """The answer to the last request, within `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while len(self.answers()) < self.asked:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the driver program exited {self.proc.returncode}:\n"
+                                     f"{self.read()[-8000:]}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the driver program gave no answer in {timeout} s:\n"
+                                     f"{self.read()[-8000:]}")
+            time.sleep(0.2)
+        answer = self.answers()[self.asked - 1]
+        if "exception" in answer:
+            raise AssertionError(f"the scenario raised in the driver program:\n"
+                                 f"{answer['exception']}")
+        return answer
+
+    def run(self, scenario: str, timeout: float = 480.0, **args) -> dict:
+        self.start(scenario, **args)
+        return self.result(timeout)
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Stop the app (its executors free their cores), killing it if it does not stop."""
         try:
-            proc.wait(timeout=proc.limit)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            raise AssertionError(f"the driver program ran past {proc.limit} s:\n"
-                                 f"{self._read(proc)[-8000:]}") from None
-        out = self._read(proc)
-        if proc.returncode != 0:
-            raise AssertionError(f"the driver program exited {proc.returncode}:\n{out[-8000:]}")
-        return result_line(out)
-
-    def run_driver(self, script: str, args: Sequence[str] = (), **kw) -> dict:
-        return self.finish(self.driver(script, args, **kw))
-
-    @staticmethod
-    def _read(proc) -> str:
-        proc.log.seek(0)
-        return proc.log.read()
-
-    def hosts_of(self, boxes: List[Box]) -> List[str]:
-        return [b.host.address for b in boxes]
+            self.proc.stdin.close()
+            self.proc.wait(timeout=timeout)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()

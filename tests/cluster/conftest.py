@@ -17,20 +17,31 @@ from _hosts import Netns, unavailable  # noqa: E402
 from _standalone import Standalone  # noqa: E402
 
 WORKERS = ("h1", "h2", "h3")
-CORES = 2  # per Worker: 4 ranks are 2 hosts x 2, 6 ranks 3 x 2
+# per Worker: room for two apps of 2-core executors at once (a module may hold an app of 2
+# executors and one of 3); the Master spreads an app's executors one per Worker
+CORES = 4
 
 
 class Cluster:
     def __init__(self, netns: Netns, spark: Standalone, workdir: str) -> None:
         self.netns, self.spark, self.workdir = netns, spark, workdir
         self.head = netns.hosts[0]
-        self.workers = netns.hosts[1:]
+        self.workers = list(netns.hosts[1:])
 
     def scratch(self, name: str) -> str:
         """A directory every host sees (outside each host's own /tmp)."""
         path = os.path.join(self.workdir, name)
         os.makedirs(path, exist_ok=True)
         return path
+
+    def app(self, name: str, cores: int, executor_cores: int, conf=()):
+        """A driver program serving scenarios (`_standalone.App`); close it when done."""
+        return self.spark.app(name, {"cores": cores, "executor_cores": executor_cores,
+                                     "conf": [list(kv) for kv in conf]})
+
+    def restart_worker(self, host) -> None:
+        """A new Worker on `host` after a test killed its Worker JVM."""
+        self.spark.restart_worker(host.box, CORES)
 
     def leftovers(self):
         """Rank processes, zygotes and /dev/shm entries on any worker host."""

@@ -6,14 +6,10 @@ fit this module's executors.  The two ranks are one host for Horovod
 (local_size 2) but cannot share a segment: they meet over TCP, at once, with
 exact results, instead of waiting for a segment that cannot appear.
 """
-import json
-import os
-
 import pytest
 
 pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
 
-PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_program.py")
 MEMORY = "3500m"  # more than the other Workers offer
 
 
@@ -30,10 +26,13 @@ def containers(cluster):
 
 
 def test_ranks_on_one_address_without_a_common_dev_shm_meet_over_tcp(cluster, containers):
-    result = cluster.spark.run_driver(PROGRAM, ["collectives", json.dumps(
-        {"np": 2, "executor_cores": 1, "modes": ["driver"], "steps": 2,
-         "conf": [["spark.executor.memory", MEMORY]],
-         "env": {"HOROVOD_SPARK_CONNECT_TIMEOUT": "30"}})])
+    app = cluster.app("containers", cores=2, executor_cores=1,
+                      conf=[("spark.executor.memory", MEMORY)])
+    try:
+        result = app.run("collectives", np=2, modes=["driver"], steps=2,
+                         env={"HOROVOD_SPARK_CONNECT_TIMEOUT": "30"})
+    finally:
+        app.close()
     ranks = result["runs"]["driver"]
     assert {r["addr"] for r in ranks} == {containers.address}
     assert sorted(r["hostname"] for r in ranks) == ["c", "c-b"]

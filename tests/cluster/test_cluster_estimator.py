@@ -1,19 +1,17 @@
 """TorchEstimator on the emulated cluster: fit, transform, save, load; and a Store that
 the hosts do not share, refused before training when a run_id asks for resume."""
-import json
-import os
-
 import pytest
 
 pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
 
-PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_program.py")
-
 
 @pytest.fixture(scope="module")
 def fitted(cluster):
-    return cluster.spark.run_driver(PROGRAM, ["estimator", json.dumps(
-        {"np": 2, "executor_cores": 1, "shared": cluster.scratch("store")})], timeout=600)
+    app = cluster.app("estimator", cores=2, executor_cores=1)
+    try:
+        yield app.run("estimator", timeout=600, np=2, shared=cluster.scratch("store"))
+    finally:
+        app.close()
 
 
 def test_torch_estimator_fits_transforms_saves_and_loads_across_hosts(fitted):
