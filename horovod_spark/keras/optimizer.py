@@ -21,7 +21,7 @@ from typing import Optional
 
 from ..tensorflow.gradients import GradientReducer
 from ..tensorflow.compression import Compression
-from ..tensorflow.mpi_ops import Average
+from ..tensorflow.mpi_ops import Adasum, Average
 from ._aggregation import LocalAggregator
 
 __all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "make_distributed"]
@@ -83,6 +83,9 @@ def make_distributed(optimizer, compression=Compression.none, sparse_as_dense: b
     """Turn `optimizer` itself into a distributed one, keeping its state (for load_model)."""
     reducer = GradientReducer("DistributedOptimizer", compression, sparse_as_dense, op,
                               gradient_predivide_factor, num_groups, groups)
+    if reducer.op is Adasum and average_aggregated_gradients:
+        raise ValueError("DistributedOptimizer: Adasum does not average aggregated gradients; "
+                         "pass average_aggregated_gradients=False")
     aggregator = (LocalAggregator(backward_passes_per_step, average_aggregated_gradients)
                   if backward_passes_per_step != 1 else None)
     optimizer.__class__ = _distributed_class(type(optimizer))
@@ -105,7 +108,8 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, device_dense: st
         name: the new optimizer's name (default: the original's).
         compression: Compression.none or Compression.fp16.
         sparse_as_dense: densify tf.IndexedSlices gradients instead of allgathering them.
-        op: Average or Sum.
+        op: Average, Sum or Adasum (the gradients combined by the Adasum tree, as
+            Horovod's tape and Keras optimizer do; a power-of-two world).
         backward_passes_per_step: sum this many passes locally before one reduction.
         average_aggregated_gradients: divide the local sum by backward_passes_per_step.
         gradient_predivide_factor, num_groups, groups: as in Horovod.

@@ -22,11 +22,11 @@ from typing import Optional, Sequence
 import cloudpickle
 import numpy as np
 
-from collectives import ReduceOp
+from collectives import ReduceOp, adasum
 
 from . import _basics
 
-__all__ = ["allreduce_group", "broadcast_group", "allgather", "alltoall", "reducescatter",
+__all__ = ["allreduce_group", "adasum_group", "broadcast_group", "allgather", "alltoall", "reducescatter",
            "allgather_group", "reducescatter_group",
            "barrier", "join", "broadcast_object", "allgather_object"]
 
@@ -96,6 +96,26 @@ def allreduce_group(arrays: Sequence[np.ndarray], names: Sequence[str], op: Redu
     for handle, shape, plan in pending:
         r = np.asarray(handle.wait()).reshape(shape)
         out.append(r if plan is None else plan.finish(r))
+    return out
+
+
+def adasum_group(arrays: Sequence[np.ndarray], names: Sequence[str], prescale: float = 1.0,
+                 postscale: float = 1.0) -> list:
+    """Adasum of every array over ranks, each on its own (see collectives.adasum): one
+    allgather per array, then every rank runs the same tree on the gathered rows."""
+    eng = _basics.engine()
+    n = _basics.size()
+    handles = []
+    for a, name in zip(arrays, names):
+        flat = np.ascontiguousarray(a).reshape(-1)
+        if prescale != 1.0:
+            flat = (flat * prescale).astype(flat.dtype)
+        handles.append(eng.submit(name, "allgather", flat, lazy=True, strict_join=True))
+    out = []
+    for h, a in zip(handles, arrays):
+        rows = np.asarray(h.wait()).reshape(n, np.size(a))
+        r = adasum.tree(rows).reshape(np.shape(a))
+        out.append(r if postscale == 1.0 else (r * postscale).astype(r.dtype))
     return out
 
 

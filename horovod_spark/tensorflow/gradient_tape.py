@@ -45,7 +45,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
         gradtape: the tape that recorded the forward pass.
         compression: Compression.none or Compression.fp16.
         sparse_as_dense: densify tf.IndexedSlices instead of allgathering them.
-        op: Average or Sum.
+        op: Average, Sum or Adasum (the gradients combined by the Adasum tree, as
+            Horovod's tape and Keras optimizer do; a power-of-two world).
         gradient_predivide_factor: divide by this before the sum and by size/this after.
         num_groups, groups: split the fused gradient allreduce into several (Horovod's rules).
         scale_local_gradients: divide the gradients of local sources by the world size.

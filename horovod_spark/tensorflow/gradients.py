@@ -19,7 +19,7 @@ import tensorflow as tf
 from . import _basics
 from ._bridge import site_suffix
 from .compression import Compression
-from .mpi_ops import Average, Sum, allreduce_dense, allreduce_sparse, resolve_op
+from .mpi_ops import Adasum, Average, Sum, allreduce_dense, allreduce_sparse, resolve_op
 
 __all__ = ["GradientReducer"]
 
@@ -38,9 +38,9 @@ class GradientReducer:
         self.compression = compression
         self.sparse_as_dense = bool(sparse_as_dense)
         self.op = resolve_op(op, None)
-        if self.op not in (Average, Sum):
-            raise ValueError(f"{prefix}: gradients are reduced with Average or Sum, got "
-                             f"{self.op.name.lower()}")
+        if self.op not in (Average, Sum, Adasum):
+            raise ValueError(f"{prefix}: gradients are reduced with Average, Sum or Adasum, "
+                             f"got {self.op.name.lower()}")
         if gradient_predivide_factor != 1.0 and self.op != Average:
             raise ValueError(f"{prefix}: gradient_predivide_factor needs op=Average")
         self.predivide = float(gradient_predivide_factor)
@@ -116,9 +116,10 @@ def _allreduce_part(xs: list, names: list, op, pre: float, post: float) -> list:
     travels packed: TensorFlow concatenates it into one flat tensor (one memcpy in
     C++), which crosses into Python and the engine as one op, and splits the result
     back.  Each tensor of a group costs the bridge and the engine a conversion, a
-    request and a handle; one flat tensor costs them once per step."""
+    request and a handle; one flat tensor costs them once per step.  Adasum's
+    tensors travel apart: each has its own dot products."""
     shapes = [x.shape for x in xs]
-    if len(xs) < 2 or len({x.dtype for x in xs}) > 1 or \
+    if len(xs) < 2 or op is Adasum or len({x.dtype for x in xs}) > 1 or \
             not all(s.is_fully_defined() for s in shapes):
         return allreduce_dense(xs, names, op, pre, post)
     sizes = [s.num_elements() for s in shapes]

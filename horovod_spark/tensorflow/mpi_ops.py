@@ -18,8 +18,8 @@ from typing import Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from collectives import NotSupported, ReduceOp
-from collectives.errors import describe
+from collectives import ReduceOp
+from collectives.adasum import ADASUM, check_world, is_adasum
 
 from . import _basics, _kernels, _lane_op
 from ._bridge import call, from_wire, op_name, to_wire
@@ -32,23 +32,40 @@ __all__ = ["Average", "Sum", "Min", "Max", "Product", "Adasum", "allreduce", "gr
 
 Average, Sum, Min, Max, Product = (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX,
                                    ReduceOp.PRODUCT)
-Adasum = "adasum"  # Horovod's name; refused with a clear error
+Adasum = ADASUM  # combined by the adaptive-sum tree (see collectives.adasum)
 
 
-def resolve_op(op, average, what: str = "allreduce") -> ReduceOp:
-    """Horovod's op/average rules: default Average; `average` is the deprecated spelling."""
+def resolve_op(op, average, what: str = "allreduce"):
+    """Horovod's op/average rules: default Average; `average` is the deprecated spelling.
+    Returns a ReduceOp, or Adasum (allreduce only)."""
     if op is not None and average is not None:
         raise ValueError(f"{what}: pass op or average, not both")
     if op is None:
         return Average if average is None or average else Sum
-    if isinstance(op, str) and op.lower() == "adasum":
-        raise NotSupported(describe("Adasum is not supported by horovod_spark", op=what,
-                                    hint="use Average or Sum"))
+    if is_adasum(op):
+        if "allreduce" not in what:
+            raise InvalidArgument(None, None, f"{what}: Adasum applies to allreduce only; "
+                                  "use Average or Sum")
+        return Adasum
     return ReduceOp(op)
 
 
 # -- allreduce -------------------------------------------------------------
-def _allreduce_raw(xs: Sequence[tf.Tensor], names, op: ReduceOp, pre: float, post: float) -> list:
+def _adasum_raw(xs: Sequence[tf.Tensor], names, pre: float, post: float) -> list:
+    check_world(_basics.size(), _basics.rank(), f"allreduce '{names[0]}'")
+    for x, n in zip(xs, names):
+        if not x.dtype.is_floating:
+            raise InvalidArgument(None, None, f"allreduce '{n}': Adasum combines floating "
+                                  f"tensors (float16, bfloat16, float32, float64), got {x.dtype.name}")
+    wire = [to_wire(x) for x in xs]
+    outs = call(lambda *a: _kernels.adasum_group(a, names, pre, post), wire,
+                [w.dtype for w in wire], [x.shape for x in xs], names[0])
+    return [from_wire(o, x.dtype) for o, x in zip(outs, xs)]
+
+
+def _allreduce_raw(xs: Sequence[tf.Tensor], names, op, pre: float, post: float) -> list:
+    if op is Adasum:
+        return _adasum_raw(xs, names, pre, post)
     if len(xs) == 1 and pre == 1.0:  # in a tf.function: the native op, if it applies
         out = _lane_op.allreduce(tf, xs[0], names[0], op, post)
         if out is not None:
@@ -69,7 +86,7 @@ def allreduce_dense(xs: Sequence[tf.Tensor], names: Sequence[str], op: ReduceOp,
         ys = _allreduce_raw(inputs, names, op, pre, post)
 
         def grad(*dys):
-            if op not in (Sum, Average):
+            if op not in (Sum, Average):  # Adasum too: its tree is not linear
                 raise NotImplementedError(f"allreduce '{names[0]}': no gradient for "
                                           f"{op.name.lower()}, only for sum and average")
             dys = [tf.zeros_like(y) if d is None else d for d, y in zip(dys, ys)]
@@ -104,7 +121,8 @@ def allreduce(tensor, average=None, device_dense: str = "", device_sparse: str =
 
     Args:
         compression: Compression.none or Compression.fp16 (what travels on the wire).
-        op: Average, Sum, Min, Max or Product.
+        op: Average, Sum, Min, Max, Product or Adasum (a power-of-two world; floating
+            tensors; see collectives.adasum).
         prescale_factor, postscale_factor: multiply before and after the reduction.
         name: matches the op across ranks and labels it in errors.
     """

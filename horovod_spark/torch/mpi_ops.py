@@ -20,10 +20,12 @@ from typing import Callable, List, Optional, Sequence
 import numpy as np
 import torch
 
+from collectives.adasum import ADASUM, is_adasum
 from collectives.errors import NotSupported
 from collectives.types import ReduceOp
 
 from . import _state
+from . import adasum as _adasum
 from ._errors import InvalidArgument
 
 __all__ = ["Average", "Sum", "Adasum", "Min", "Max", "Product", "TorchHandle", "ProcessSet",
@@ -39,7 +41,7 @@ Sum = ReduceOp.SUM
 Min = ReduceOp.MIN
 Max = ReduceOp.MAX
 Product = ReduceOp.PRODUCT
-Adasum = "Adasum"  # recognised so the refusal can name it
+Adasum = ADASUM  # combined by the adaptive-sum tree (see collectives.adasum)
 
 
 class ProcessSet:
@@ -83,8 +85,8 @@ def handle_average_backwards_compatibility(op, average):
         op = Average if average is None or average else Sum
     if type(op) is ReduceOp:
         return op
-    if op == Adasum:
-        raise NotSupported("Adasum is not supported by horovod_spark; use op=hvd.Average")
+    if is_adasum(op):
+        return Adasum
     return ReduceOp(op)
 
 
@@ -151,6 +153,9 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     """Reduce `tensor` over ranks into a new tensor (the input is not modified)."""
     _check_process_set(process_set)
     op = handle_average_backwards_compatibility(op, average)
+    if op is Adasum:
+        return _adasum_handle([tensor], [_state.op_name("allreduce", name)], False,
+                              prescale_factor, postscale_factor, lambda r: r[0])
     h, plan = _allreduce_submit(tensor, None, _state.op_name("allreduce", name), op,
                                 prescale_factor, postscale_factor)
     return TorchHandle([h], _reduce_finish(plan, None))
@@ -161,13 +166,24 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     """Reduce `tensor` over ranks in place."""
     _check_process_set(process_set)
     op = handle_average_backwards_compatibility(op, average)
+    if op is Adasum:
+        return _adasum_handle([tensor], [_state.op_name("allreduce", name)], True,
+                              prescale_factor, postscale_factor, lambda r: r[0])
     h, plan = _allreduce_submit(tensor, tensor, _state.op_name("allreduce", name), op,
                                 prescale_factor, postscale_factor)
     return TorchHandle([h], _reduce_finish(plan, tensor))
 
 
+def _adasum_handle(tensors, names, inplace: bool, pre, post, result) -> TorchHandle:
+    handles, finish = _adasum.submit(tensors, names, inplace, pre, post)
+    return TorchHandle(handles, lambda r: result(finish(r)))
+
+
 def _grouped(tensors: Sequence[torch.Tensor], inplace: bool, name, op, pre, post) -> TorchHandle:
     base = _state.op_name("grouped_allreduce", name)
+    if op is Adasum:
+        return _adasum_handle(list(tensors), [f"{base}.{i}" for i in range(len(tensors))],
+                              inplace, pre, post, list)
     handles, plans = [], []
     for i, t in enumerate(tensors):
         h, plan = _allreduce_submit(t, t if inplace else None, f"{base}.{i}", op, pre, post)
@@ -238,6 +254,12 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     return TorchHandle([h], finish)
 
 
+def _not_adasum(op, what: str):
+    if op is Adasum:
+        raise InvalidArgument(f"{what}: Adasum applies to allreduce only; use Average or Sum")
+    return op
+
+
 def _check_scatterable(tensor, what: str) -> None:
     if tensor.dim() == 0:
         raise InvalidArgument(f"{what}: a 0-d tensor has no rows to scatter; pass a tensor "
@@ -248,7 +270,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
                         prescale_factor=1.0, postscale_factor=1.0) -> TorchHandle:
     """Reduce over ranks, keep this rank's rows of dim 0 (the first ranks get one extra)."""
     _check_process_set(process_set)
-    op = handle_average_backwards_compatibility(op, None)
+    op = _not_adasum(handle_average_backwards_compatibility(op, None), "reducescatter")
     _check_scatterable(tensor, "reducescatter")
     h, plan = _reduce_submit("reducescatter", tensor, None,
                              _state.op_name("reducescatter", name), op, prescale_factor,
@@ -268,7 +290,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
                                 prescale_factor=1.0, postscale_factor=1.0) -> TorchHandle:
     """reducescatter of each tensor, submitted together; synchronize returns a list."""
     _check_process_set(process_set)
-    op = handle_average_backwards_compatibility(op, None)
+    op = _not_adasum(handle_average_backwards_compatibility(op, None), "grouped_reducescatter")
     base = _state.op_name("grouped_reducescatter", name)
     for i, t in enumerate(tensors):  # before any is submitted, so none is left pending
         _check_scatterable(t, f"grouped_reducescatter '{base}' tensor {i}")

@@ -44,7 +44,7 @@ import torch
 from collectives.backends.native import usable_cores
 
 from .. import progress
-from . import _state
+from . import _state, adasum_optimizer
 from . import mpi_ops as M
 from .buckets import Bucket, make_buckets, overlap_runs
 from .compression import Compression
@@ -293,7 +293,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         named_parameters: model.named_parameters(), to name each gradient's allreduce.
         compression: Compression.none or Compression.fp16 for the allreduce.
         backward_passes_per_step: backward passes that accumulate locally before reducing.
-        op: Average (default), Sum, Min, Max or Product.
+        op: Average (default), Sum, Min, Max, Product, or Adasum: each rank steps
+            with its own gradients and the parameters' deltas are combined with
+            Adasum (see adasum_optimizer).
         gradient_predivide_factor: with Average, divide by this before the sum and by
             size/factor after it.
         num_groups / groups: the runs of gradients that travel together (num_groups runs
@@ -312,6 +314,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if groups is not None and num_groups:
         raise ValueError("pass either num_groups or groups, not both")
     _state.engine()  # fail early, with the init() hint, when not initialized
+    if op is M.Adasum:
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        return adasum_optimizer.wrap(optimizer, _parameter_names(named_parameters, params),
+                                     compression, backward_passes_per_step)
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)

@@ -493,7 +493,9 @@ def unsupported_requests_fail_with_a_reason():
     tf, hvd, r, n = _setup()
     from collectives import NotSupported
 
-    for bad, kind in ((lambda: hvd.allreduce(tf.ones([2]), op=hvd.Adasum), NotSupported),
+    adasum = (lambda: hvd.allreduce(tf.ones([2]), op=hvd.Adasum), NotSupported) if n & (n - 1) else \
+        (lambda: hvd.allreduce(tf.ones([2], tf.int32), op=hvd.Adasum), hvd.InvalidArgument)
+    for bad, kind in (adasum,
                       (lambda: hvd.allreduce(tf.ones([2]), op=hvd.Sum, average=True), ValueError),
                       (lambda: hvd.alltoall(tf.ones([n + 1])), ValueError)):
         try:
