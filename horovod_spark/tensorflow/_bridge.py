@@ -4,7 +4,9 @@ Eager: the kernel runs at once on the tensors' values.  Inside a tf.function:
 the kernel runs as a stateful `tf.numpy_function` (a dense float allreduce runs
 as the native op of `_lane_op` instead), so TensorFlow keeps our ops in program
 order (every rank issues its collectives in one order) and never prunes them,
-and the outputs get their static shapes back with `set_shape`.
+and the outputs get their static shapes back with `set_shape`.  In a graph
+built outside tf.function (tf.compat.v1), which has no such order, every kernel
+runs as an asynchronous op instead (`_async_op`), so no order can deadlock.
 The kernels take numpy arrays, and numpy has no bfloat16, so bfloat16 travels
 as float32 (reduced in float32, rounded once on the way back).
 
@@ -22,9 +24,10 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from . import _async_op
 from ._errors import converted
 
-__all__ = ["call", "op_name", "site_suffix", "to_wire", "from_wire", "check_not_xla"]
+__all__ = ["call", "ordered", "op_name", "site_suffix", "to_wire", "from_wire", "check_not_xla"]
 
 _counters: dict = {}
 _sites: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -75,6 +78,14 @@ def check_not_xla(what: str) -> None:
                          "when jit_compile='auto') or use tf.function without jit_compile")
 
 
+def ordered() -> bool:
+    """Whether TensorFlow runs the stateful ops of the graph being built in program order
+    (tf.function's automatic control dependencies), so that every rank runs our blocking
+    kernels in one order; elsewhere (a tf.compat.v1 graph) they run as async ops."""
+    graph = tf.compat.v1.get_default_graph()
+    return bool(getattr(graph, "_add_control_dependencies", False))
+
+
 def call(kernel: Callable, inputs: Sequence[tf.Tensor], touts: Sequence[tf.DType],
          shapes: Sequence, name: str) -> list:
     """Run kernel(*numpy inputs) -> list of arrays, eagerly or as a graph op."""
@@ -83,6 +94,12 @@ def call(kernel: Callable, inputs: Sequence[tf.Tensor], touts: Sequence[tf.DType
             outs = kernel(*[np.asarray(t) for t in inputs])
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, touts)]
     check_not_xla(name)
+    if not ordered():
+        outs = _async_op.call(tf, kernel, inputs, touts)
+        if outs is not None:
+            for o, s in zip(outs, shapes):
+                o.set_shape(s)
+            return outs
 
     def graph_kernel(*arrays):
         return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(kernel(*arrays), touts)]

@@ -42,6 +42,7 @@ __all__ = ["enabled", "allreduce"]
 log = logging.getLogger("horovod_spark.tensorflow")
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lane_op.cc")
+SOURCES = (SOURCE, os.path.join(os.path.dirname(SOURCE), "async_op.cc"))  # one library
 _lock = threading.Lock()
 _state: dict = {}  # "lib", "cdll", "error"
 _slots: list = []  # slot -> (name, op, postscale, numpy dtype)
@@ -77,8 +78,10 @@ def _build(tf) -> str:
     flags = ["-std=c++17", "-O2", "-shared", "-fPIC", "-w"] + tf.sysconfig.get_compile_flags()
     flags = [f for f in flags if f != "--std=c++17"]
     link = tf.sysconfig.get_link_flags()
-    with open(SOURCE, "rb") as f:
-        source = f.read()
+    source = b""
+    for name in SOURCES:
+        with open(name, "rb") as f:
+            source += f.read()
     key = hashlib.sha256(source + repr((tf.__version__, flags, link, cxx, sys.version)).encode()
                          ).hexdigest()[:16]
     out_dir = os.path.join(_cache_dir(), key)
@@ -90,10 +93,10 @@ def _build(tf) -> str:
         fcntl.flock(lock, fcntl.LOCK_EX)  # ranks on one host: one compiles, the others wait
         if not os.path.exists(path):
             tmp = f"{path}.{os.getpid()}.tmp"
-            cmd = [cxx, *flags, SOURCE, "-o", tmp, *link]
+            cmd = [cxx, *flags, *SOURCES, "-o", tmp, *link]
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
             if proc.returncode != 0:
-                raise RuntimeError(f"compiling {SOURCE} failed ({' '.join(cmd)}):\n"
+                raise RuntimeError(f"compiling {' '.join(SOURCES)} failed ({' '.join(cmd)}):\n"
                                    f"{proc.stderr[-3000:]}")
             os.replace(tmp, path)
     return path
@@ -165,7 +168,11 @@ def allreduce(tf, x, name: str, op: ReduceOp, post: float) -> Optional[object]:
     """x allreduced by the native op, inside a tf.function; None where the op does not
     apply (eager mode, dtypes other than float16/32/64, ops other than Sum and Average, no
     native lane): the caller's path runs."""
+    from ._bridge import ordered
+
     if tf.executing_eagerly() or not enabled() or op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
+        return None
+    if not ordered():  # a blocking op where TensorFlow does not order them: see _async_op
         return None
     dtype = (np.dtype(x.dtype.as_numpy_dtype) if x.dtype in (tf.float16, tf.float32, tf.float64)
              else None)
