@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from . import _async_op
 from ._errors import converted
+from ._graph import check_not_xla, ordered
 
 __all__ = ["call", "ordered", "op_name", "site_suffix", "to_wire", "from_wire", "check_not_xla"]
 
@@ -65,25 +66,6 @@ def to_wire(t: tf.Tensor) -> tf.Tensor:
 
 def from_wire(t: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
     return tf.cast(t, dtype) if t.dtype != dtype else t
-
-
-def check_not_xla(what: str) -> None:
-    """A Python kernel cannot run inside an XLA cluster: say so at trace time."""
-    from tensorflow.python.ops import control_flow_util
-
-    graph = tf.compat.v1.get_default_graph()
-    if not tf.executing_eagerly() and control_flow_util.GraphOrParentsInXlaContext(graph):
-        raise ValueError(f"collective '{what}' runs Python code, which XLA cannot compile; "
-                         "compile the model with jit_compile=False (Keras picks XLA on GPUs "
-                         "when jit_compile='auto') or use tf.function without jit_compile")
-
-
-def ordered() -> bool:
-    """Whether TensorFlow runs the stateful ops of the graph being built in program order
-    (tf.function's automatic control dependencies), so that every rank runs our blocking
-    kernels in one order; elsewhere (a tf.compat.v1 graph) they run as async ops."""
-    graph = tf.compat.v1.get_default_graph()
-    return bool(getattr(graph, "_add_control_dependencies", False))
 
 
 def call(kernel: Callable, inputs: Sequence[tf.Tensor], touts: Sequence[tf.DType],

@@ -35,6 +35,7 @@ from collectives import ReduceOp
 from collectives.fusion import lane as fusion_lane
 
 from . import _basics
+from ._graph import check_not_xla, ordered
 from .._job.settings import CACHE, TF_LANE
 
 __all__ = ["enabled", "allreduce"]
@@ -168,8 +169,6 @@ def allreduce(tf, x, name: str, op: ReduceOp, post: float) -> Optional[object]:
     """x allreduced by the native op, inside a tf.function; None where the op does not
     apply (eager mode, dtypes other than float16/32/64, ops other than Sum and Average, no
     native lane): the caller's path runs."""
-    from ._bridge import ordered
-
     if tf.executing_eagerly() or not enabled() or op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
         return None
     if not ordered():  # a blocking op where TensorFlow does not order them: see _async_op
@@ -183,8 +182,6 @@ def allreduce(tf, x, name: str, op: ReduceOp, post: float) -> Optional[object]:
     lib = _library()
     if lib is None:
         return None
-    from ._bridge import check_not_xla
-
     check_not_xla(name)
     _bind(_basics.engine())
     with _lock:
