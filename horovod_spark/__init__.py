@@ -12,6 +12,8 @@ from collectives import __version__
 
 from ._job.driver import JobFailedError
 from ._job.logchannel import log_to_driver
-from .runner import HorovodRunner, run
+from ._job.elastic import NotEnoughSlotsError, ResetLimitError
+from .runner import HorovodRunner, run, run_elastic
 
-__all__ = ["HorovodRunner", "run", "JobFailedError", "log_to_driver", "__version__"]
+__all__ = ["HorovodRunner", "run", "run_elastic", "JobFailedError", "ResetLimitError",
+           "NotEnoughSlotsError", "log_to_driver", "__version__"]

@@ -19,7 +19,7 @@ from ._job.session import get_session
 from ._job.cluster import Cluster
 from ._job.settings import DriverSettings
 
-__all__ = ["HorovodRunner", "run", "JobFailedError"]
+__all__ = ["HorovodRunner", "run", "run_elastic", "JobFailedError"]
 
 _VERBOSITY = ("all", "log_callback_only")
 
@@ -66,15 +66,28 @@ def _positional(args) -> tuple:
     return tuple(args)
 
 
-def _launch(fn, args, kwargs, opts: JobOptions) -> list:
+def _launch(fn, args, kwargs, opts: JobOptions, elastic=None) -> list:
     with progress.Display(opts.verbose) as display:  # the progress bar, from the ranks' records
         if display.enabled:
             opts = dataclasses.replace(opts, stdout=display.stream(opts.stdout),
                                        stderr=display.stream(opts.stderr, "stderr"),
                                        env=opts.env + display.env)
+        if elastic is not None:
+            return _launch_elastic(fn, args, kwargs, opts, elastic)
         if opts.np < 0:
             return run_on_driver(fn, args, kwargs, opts)
         return run_on_spark(get_session(opts.np), fn, args, kwargs, opts)
+
+
+def _launch_elastic(fn, args, kwargs, opts: JobOptions, eopts) -> list:
+    from ._job.driver import payload_of
+    from ._job.elastic import run_elastic_on_driver, run_elastic_on_spark
+    from ._job.pickling import code_files
+
+    payload = payload_of(fn, args, kwargs, opts)
+    if opts.np < 0:
+        return run_elastic_on_driver(payload, opts, eopts, code_files(fn))
+    return run_elastic_on_spark(get_session(eopts.max_np), payload, opts, eopts, code_files(fn))
 
 
 class HorovodRunner:
@@ -154,3 +167,68 @@ def run(fn: Callable[..., Any], args: Sequence = (), kwargs: Optional[Mapping[st
                       timestamps=bool(prefix_output_with_timestamp), executable=executable,
                       timeout=_job_timeout(timeout))
     return _launch(fn, tuple(args), dict(kwargs or {}), opts)
+
+
+def _count(name: str, value, default: int) -> int:
+    value = default if value is None else value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"run_elastic: {name} must be an int >= 1, got {value!r}")
+    return value
+
+
+def run_elastic(fn: Callable[..., Any], args: Sequence = (),
+                kwargs: Optional[Mapping[str, Any]] = None, num_proc: Optional[int] = None,
+                min_num_proc: Optional[int] = None, max_num_proc: Optional[int] = None,
+                start_timeout: Optional[float] = None, elastic_timeout: Optional[float] = None,
+                reset_limit: Optional[int] = None, env: Optional[Mapping[str, str]] = None,
+                stdout=None, stderr=None, verbose: int = 1, nics=None,
+                prefix_output_with_timestamp: bool = False, executable: Optional[str] = None,
+                timeout: Optional[float] = None) -> list:
+    """Run fn as an elastic job: attempts that resume from the last `state.commit()`.
+
+    Compatible with `horovod.spark.run_elastic`.  Each attempt is one barrier stage of as
+    many ranks as there are free slots between `min_num_proc` and `max_num_proc` (both
+    default to `num_proc`, which defaults to Spark's default parallelism); a negative
+    `num_proc` runs -num_proc local ranks on the driver.  A rank or executor that is lost
+    ends the attempt; the next one starts from the last commit (see docs/elastic.md), after
+    at most `reset_limit` such resets (None: no limit).  `start_timeout` bounds the wait for
+    `min_num_proc` slots before the first attempt, `elastic_timeout` (default: the start
+    timeout) before each later one.  `env`, `stdout`, `stderr`, `verbose`, `executable`,
+    `timeout` (per attempt) are run()'s.
+
+    Returns:
+        Every rank's value of the attempt that returned, in rank order.
+
+    Raises:
+        ResetLimitError: the job was reset reset_limit times and failed again; names each
+            attempt's failed rank and host.
+        NotEnoughSlotsError: fewer than min_num_proc slots after the timeout.
+        JobFailedError: the function itself raised (that is not retried).
+    """
+    from ._job.elastic import ElasticOptions
+
+    args = _positional(args)
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise TypeError(f"run_elastic: kwargs must be a mapping of keyword arguments for fn, got "
+                        f"{type(kwargs).__name__}")
+    if num_proc is None and (max_num_proc is None or max_num_proc < 0):
+        num_proc = Cluster(get_session()).default_parallelism()
+    num_proc = checks.check_np(num_proc if num_proc is not None else max_num_proc)
+    lo = _count("min_num_proc", min_num_proc, abs(num_proc))
+    hi = _count("max_num_proc", max_num_proc, max(abs(num_proc), lo))
+    if lo > hi:
+        raise ValueError(f"run_elastic: min_num_proc={lo} is more than max_num_proc={hi}")
+    if reset_limit is not None and (isinstance(reset_limit, bool) or
+                                    not isinstance(reset_limit, int) or reset_limit < 0):
+        raise ValueError(f"run_elastic: reset_limit must be an int >= 0 or None, got "
+                         f"{reset_limit!r}")
+    env_items = _env_items(env)
+    settings = DriverSettings.read(env_items)
+    start = _start_timeout(start_timeout, settings)
+    opts = JobOptions(np=num_proc, env=env_items, stdout=stdout, stderr=stderr, show_output=True,
+                      start_timeout=start, verbose=int(verbose), max_restarts=reset_limit or 0,
+                      settings=settings, timestamps=bool(prefix_output_with_timestamp),
+                      executable=executable, timeout=_job_timeout(timeout))
+    eopts = ElasticOptions(lo, hi, _start_timeout(elastic_timeout, settings) if elastic_timeout
+                           is not None else start, reset_limit)
+    return _launch(fn, args, dict(kwargs or {}), opts, eopts)

@@ -117,6 +117,11 @@ class BarrierJob:
         self.cluster = Cluster(spark, opts.settings.client_address or "")
         self.result_limit = self._checks_before_submit()
         self.secret, self.id = os.urandom(32), f"{name}-{uuid.uuid4().hex[:12]}"
+        self.keeper = None  # an elastic job's: what each attempt's store starts with and keeps
+
+    def resize(self, np_: int) -> None:
+        """Run the next attempts with np_ ranks (an elastic job, between attempts)."""
+        self.opts = dataclasses.replace(self.opts, np=np_)
 
     def _checks_before_submit(self) -> int:
         cluster, opts = self.cluster, self.opts
@@ -150,6 +155,14 @@ class BarrierJob:
         job = f"{self.id}/a{attempt}"
         server = self._log_server(job)
         store = self._job_store()
+        if self.keeper is not None:
+            try:
+                self.keeper.seed(store, job, attempt, opts.np)
+            except BaseException:
+                for opened in (server, store):
+                    if opened is not None:
+                        opened.close()
+                raise
         fields = dict(env=opts.env, show_output=opts.show_output, rank0_only=opts.rank0_only,
                       executable=opts.executable, warm=opts.settings.warm_start)
         fields.update(spec_fields)
@@ -173,7 +186,7 @@ class BarrierJob:
             raise JobFailedError(failure, attempt, opts.max_restarts + 1, self.files) from None
         finally:
             watch.close()
-            self._finish(server, tag, ok, store)
+            self._finish(server, tag, ok, store, job)
 
     def _runner_stage(self, spec: TaskSpec, delivered: Callable[[int, bytes], bytes]) -> list:
         rows = self.cluster.barrier_rows(self.opts.np, functools.partial(run_task, spec))
@@ -234,7 +247,7 @@ class BarrierJob:
                            hint="see the driver's log; often out of memory: raise "
                                 "spark.driver.memory, or return less from the function")
 
-    def _finish(self, server: Optional[LogServer], tag: str, ok: bool, store) -> None:
+    def _finish(self, server: Optional[LogServer], tag: str, ok: bool, store, job: str) -> None:
         """Cancel, close, kill what is left; a cleanup that fails never hides the job's
         outcome (the JVM may be the thing that died)."""
         np_ = self.opts.np
@@ -246,6 +259,8 @@ class BarrierJob:
             with contextlib.ExitStack() as stack:
                 if store is not None:
                     stack.callback(store.close)
+                    if self.keeper is not None:  # after the ranks are gone, before the close
+                        stack.callback(self.keeper.keep, store, job)
                 if server is not None:
                     stack.callback(server.close)
                     if ok:

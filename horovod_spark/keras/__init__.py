@@ -24,9 +24,11 @@ from ..tensorflow import (Adasum, Average, Compression, Max, Min, Product, Sum, 
                           start_timeline, stop_timeline)
 from ..tensorflow import mpi_ops as _ops
 from . import callbacks
+from . import elastic
 from .optimizer import DistributedOptimizer, PartialDistributedOptimizer, make_distributed
 
 __all__ = [
+    "elastic",
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "is_homogeneous", "start_timeline", "stop_timeline", "Average", "Sum", "Min", "Max", "Product", "Adasum",
     "allreduce", "allgather", "broadcast", "reducescatter", "broadcast_object",

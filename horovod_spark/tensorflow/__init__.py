@@ -21,6 +21,7 @@ from ._basics import (cross_rank, cross_size, init, is_homogeneous, is_initializ
 from ._compat import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built,
                       mpi_enabled, mpi_threads_supported, nccl_built, rocm_built)
 from .compression import Compression
+from . import elastic
 from .functions import (allgather_object, broadcast_, broadcast_global_variables,
                         broadcast_object, broadcast_object_fn, broadcast_variables)
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
@@ -31,6 +32,7 @@ from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allred
                       rank_op, reducescatter, size_op)
 
 __all__ = [
+    "elastic",
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "is_homogeneous", "start_timeline", "stop_timeline",
     "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",

@@ -23,6 +23,7 @@ from ._compat import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled
 from ._state import (cross_rank, cross_size, init, is_homogeneous, is_initialized, local_rank,
                      local_size, metrics, rank, shutdown, size, start_timeline, stop_timeline)
 from .compression import Compression
+from . import elastic
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters)
 from .mpi_ops import (Adasum, Average, Max, Min, Product, ProcessSet, Sum, add_process_set,
@@ -38,6 +39,7 @@ from .sync_ops import (allgather, allreduce, allreduce_, alltoall, broadcast, br
                        grouped_reducescatter, reducescatter)
 
 __all__ = [
+    "elastic",
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "is_homogeneous", "metrics", "start_timeline", "stop_timeline",
     "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",

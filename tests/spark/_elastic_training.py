@@ -1,0 +1,98 @@
+"""The elastic tests' training: a torch linear model on generated data, deterministic per step.
+
+Step s uses one global batch of GLOBAL rows drawn from seed s; rank r of n takes rows
+[r*GLOBAL/n, (r+1)*GLOBAL/n), so the averaged gradient is the global batch's whatever the
+world size, and a single process computes the same training (`reference`).
+"""
+from __future__ import annotations
+
+GLOBAL, FEATURES, LR, MOMENTUM = 8, 4, 0.05, 0.9
+
+
+def global_batch(step: int):
+    import torch
+
+    gen = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(GLOBAL, FEATURES, generator=gen, dtype=torch.float64)
+    w = torch.arange(1, FEATURES + 1, dtype=torch.float64).unsqueeze(1)
+    return x, x @ w + 0.5 + 0.01 * torch.randn(GLOBAL, 1, generator=gen, dtype=torch.float64)
+
+
+def new_model():
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Linear(FEATURES, 1).double()
+
+
+def train(steps: int, commit_every: int, kill_at=None, marker=None, victim: int = 1,
+          kill="rank"):
+    """Every rank's (first step of this attempt, world size, weights, optimizer momentum,
+    whether the reset callback ran).  `kill_at`: after that step of the first attempt (the
+    marker file says it happened), the victim rank SIGKILLs itself ("rank") or its executor's
+    JVM ("executor")."""
+    import os
+
+    import torch
+
+    import horovod_spark.torch as hvd
+
+    hvd.init()
+    model = new_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM),
+                                   named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model=model, optimizer=opt, step=0)
+    resets = []
+    state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+
+    @hvd.elastic.run
+    def loop(state):
+        first = state.step
+        while state.step < steps:
+            x, y = global_batch(state.step)
+            n, r = hvd.size(), hvd.rank()
+            lo, hi = r * GLOBAL // n, (r + 1) * GLOBAL // n
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x[lo:hi]), y[lo:hi]).backward()
+            opt.step()
+            state.step += 1
+            if state.step % commit_every == 0:
+                state.commit()
+            if state.step == kill_at and r == victim and not os.path.exists(marker):
+                open(marker, "w").close()
+                _die(kill)
+        momentum = [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()]
+        return first, hvd.size(), [p.detach().clone() for p in model.parameters()], momentum, \
+            resets
+
+    return loop(state)
+
+
+def _die(what: str) -> None:
+    import os
+    import signal
+
+    import psutil
+
+    if what == "executor":  # the JVM above this rank (its task's worker's daemon's parent)
+        for proc in psutil.Process().parents():
+            if "CoarseGrainedExecutorBackend" in " ".join(proc.cmdline()):
+                os.kill(proc.pid, signal.SIGKILL)
+                break
+        else:
+            raise RuntimeError("no executor JVM above this rank")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def reference(steps: int):
+    """The same training in one process: the weights after `steps` steps."""
+    import torch
+
+    model = new_model()
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    for step in range(steps):
+        x, y = global_batch(step)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
