@@ -36,6 +36,9 @@ COMM_ERRORS = ("PeerLostError", "CollectiveTimeout")
 DEATHS = ("ProcessDied", "ProcessExited", "SparkTaskFailed", "ExecutorLost")
 _PEER = re.compile(r"peer rank (\d+)")
 _PEER_AT = re.compile(r"peer rank (\d+) at ([^\s)]+)")
+# A communication error a framework re-raised as its own type (TensorFlow turns an error in a
+# graph op into UnknownError, keeping the original's "PeerLostError: ..." line in its text).
+_WRAPPED_COMM = re.compile(rf"^(?:{'|'.join(COMM_ERRORS)}): ", re.MULTILINE)
 
 
 def signal_name(exitcode: Optional[int]) -> Optional[str]:
@@ -80,7 +83,7 @@ class Failure:
         """"own", "death", "comm" or "aborted": the classes of the root-cause rule."""
         if self.aborted:
             return "aborted"
-        if self.error_type in COMM_ERRORS:
+        if self.error_type in COMM_ERRORS or _WRAPPED_COMM.search(self.message):
             return "comm"
         if self.error_type in DEATHS:
             return "death"

@@ -1,4 +1,6 @@
-"""run_elastic on a real local[2] session and on local ranks: resume from the last commit."""
+"""run_elastic on a real local[2] session (and local ranks): resume from the last commit.
+Resuming on local ranks is tests/tf/test_elastic_keras.py's; an executor lost,
+tests/spark/test_runner_local_cluster.py's."""
 from __future__ import annotations
 
 import pytest
@@ -100,8 +102,8 @@ def _counts(steps, marker):
     return loop(state)
 
 
-def test_an_object_state_counter_resumes_from_its_last_commit_on_local_ranks(tmp_path):
-    out = horovod_spark.run_elastic(_counts, args=(8, str(tmp_path / "killed")), num_proc=-2,
+def test_an_object_state_counter_resumes_from_its_last_commit_after_rank_0_died(spark, tmp_path):
+    out = horovod_spark.run_elastic(_counts, args=(8, str(tmp_path / "killed")), num_proc=2,
                                     reset_limit=2)
     assert out == [(4, 8, [2, 4, 6, 8], [True])] * 2
 

@@ -23,6 +23,16 @@ def test_a_death_still_wins_over_the_peers_that_lost_it():
     assert root_cause([_lost(2, 3, "10.0.0.2:4101", SHM), died]).rank == 3
 
 
+def test_a_lost_peer_that_tensorflow_reraised_as_its_own_error_still_blames_the_dead_rank():
+    # TensorFlow turns an error inside a graph op into UnknownError, keeping our line
+    wrapped = Failure(0, "UnknownError", "Graph execution error:\n\nDetected at node "
+                      "HvsLaneAllreduce\n\nPeerLostError: allreduce 'g' on rank 0/2: local peer "
+                      "process 7 has exited (peer rank 1 at 127.0.0.1:4000)", size=2)
+    assert wrapped.kind == "comm" and wrapped.named_peer() == 1
+    assert root_cause([wrapped, Failure(1, "ProcessDied", "killed", size=2)]).rank == 1
+    assert Failure(0, "UnknownError", "a PeerLostError: quoted mid-line").kind == "own"
+
+
 LOST_EXECUTOR = """Could not recover from a failed barrier ResultStage. Most recent failure reason: \
 Stage failed because barrier task ResultTask(0, 1) finished unsuccessfully.
 ExecutorLostFailure (executor 1 exited caused by one of the running tasks) Reason: Command \

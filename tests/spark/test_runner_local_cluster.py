@@ -3,14 +3,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from _spark_support import (by_value, new_tag, start_session, stop_session,
                             wait_until_no_rank_processes, write_gpu_script)
 
+import _elastic_training as training
 import horovod_spark
 from horovod_spark import JobFailedError
 
 by_value(__name__)
+by_value("_elastic_training")
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(240)]
 
 
@@ -97,3 +100,16 @@ def test_ranks_with_gpus_never_fork_from_a_zygote(spark):
 
     assert horovod_spark.run(with_torch, num_proc=2) == [False, False]
     assert horovod_spark.run(with_torch, num_proc=2) == [False, False]
+
+
+def test_an_executor_killed_mid_training_resumes_from_the_last_commit_on_the_slots_left(spark,
+                                                                                         tmp_path):
+    """SIGKILL of rank 1's executor JVM after step 7: the next attempt starts from the commit
+    at step 6 with the slots there are then (1 or 2: Spark's Worker starts a new executor)."""
+    marker = str(tmp_path / "killed")
+    out = horovod_spark.run_elastic(training.train, args=(10, 3, 7, marker, 1, "executor"),
+                                    num_proc=2, min_num_proc=1, max_num_proc=2, reset_limit=1)
+    size = out[0][1]  # one reset (the callback ran once, on the new world), from step 6:
+    assert len(out) == size and [r[:2] + (r[4],) for r in out] == [(6, size, [size])] * size
+    for got, want in zip(out[0][2], training.reference(10)):  # the same training, one process
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
