@@ -52,6 +52,7 @@ examples:
   horovod-spark run --np -2 train.py                      2 local processes, no Spark
   horovod-spark run --np 8 --master spark://host:7077 --conf spark.task.cpus=2 train.py
   horovod-spark run --np 4 --mpi train.py                 through mpiexec -n 4
+  horovod-spark run --np 8 --min-np 4 --reset-limit 3 train.py   elastic (hvd.elastic)
 """
 
 
@@ -80,6 +81,18 @@ def _parser() -> argparse.ArgumentParser:
                    help="add to every rank's environment (repeatable)")
     r.add_argument("--max-restarts", type=int, default=0, metavar="K",
                    help="rerun every rank up to K times after a failure (default 0)")
+    r.add_argument("--min-np", type=int, default=None, metavar="N",
+                   help="elastic: run each attempt with at least N ranks (default: --np); any "
+                        "of --min-np, --max-np, --reset-limit makes the job elastic "
+                        "(docs/elastic.md)")
+    r.add_argument("--max-np", type=int, default=None, metavar="N",
+                   help="elastic: at most N ranks per attempt (default: --np)")
+    r.add_argument("--reset-limit", type=int, default=None, metavar="K",
+                   help="elastic: resume from the last commit up to K times after a lost rank "
+                        "(default: no limit)")
+    r.add_argument("--elastic-timeout", type=float, default=None, metavar="SECONDS",
+                   help="elastic: seconds to wait for --min-np slots before a later attempt "
+                        "(default: the start timeout)")
     r.add_argument("--start-timeout", type=float, default=None, metavar="SECONDS",
                    help="seconds to wait for executors to offer np task slots (default 600)")
     r.add_argument("--verbose", type=int, default=1, choices=(0, 1), metavar="{0,1}",
@@ -150,6 +163,13 @@ def _run(ns) -> int:
     if conf and (ns.np < 0 or ns.mpi):
         raise _Refused("--conf sets Spark settings, but " +
                        ("--mpi" if ns.mpi else f"--np {ns.np}") + " runs without Spark")
+    elastic = any(v is not None for v in (ns.min_np, ns.max_np, ns.reset_limit,
+                                          ns.elastic_timeout))
+    if elastic and (ns.mpi or ns.max_restarts):
+        raise _Refused(("--mpi runs one mpiexec job" if ns.mpi else "--max-restarts reruns a job "
+                        "from its start") + "; --min-np, --max-np, --reset-limit and "
+                       "--elastic-timeout make an elastic job, which resumes from its last "
+                       "commit: pass one or the other")
     if ns.mpi:
         from ._job.mpirun import run_mpi
 
@@ -159,10 +179,16 @@ def _run(ns) -> int:
     if ns.np > 0:
         if ns.master and ns.remote:
             raise _Refused("--master and --remote name two different Spark sessions; pass one")
-        _session(ns.master, ns.np, conf, ns.remote)
+        _session(ns.master, max(ns.np, ns.max_np or 0), conf, ns.remote)
     try:
-        runner.run(fn, num_proc=ns.np, env=env, start_timeout=ns.start_timeout,
-                   verbose=ns.verbose, max_restarts=ns.max_restarts)
+        if elastic:
+            runner.run_elastic(fn, num_proc=ns.np, min_num_proc=ns.min_np,
+                               max_num_proc=ns.max_np, reset_limit=ns.reset_limit,
+                               elastic_timeout=ns.elastic_timeout, env=env,
+                               start_timeout=ns.start_timeout, verbose=ns.verbose)
+        else:
+            runner.run(fn, num_proc=ns.np, env=env, start_timeout=ns.start_timeout,
+                       verbose=ns.verbose, max_restarts=ns.max_restarts)
     except JobFailedError as exc:
         print(f"horovod-spark run: {exc}", file=sys.stderr)
         return 1

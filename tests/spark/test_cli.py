@@ -18,6 +18,8 @@ SCRIPT = textwrap.dedent("""
     print(f"rank {rank} of {os.environ['HVS_SIZE']} argv {sys.argv[1:]} as {__name__}", flush=True)
     if sys.argv[1:2] == ["fail"] and rank == "1":
         sys.exit(3)
+    if sys.argv[1:2] == ["die"] and rank == "1":
+        os.kill(os.getpid(), 9)
 """)
 
 
@@ -52,6 +54,14 @@ def test_the_cli_exits_non_zero_naming_the_failing_rank(script, tmp_path):
     done = horovod_spark_run("--np", "-2", str(script), "fail", cwd=tmp_path)
     assert done.returncode == 1
     assert "rank 1/2: SystemExit: 3" in done.stderr
+
+
+def test_the_cli_runs_an_elastic_job_with_reset_limit_and_names_the_limit_reached(script,
+                                                                                   tmp_path):
+    done = horovod_spark_run("--np", "-2", "--reset-limit", "1", str(script), "die", cwd=tmp_path)
+    assert done.returncode == 1
+    assert "reset_limit=1 reached after 2 failed attempts" in done.stderr, done.stderr
+    assert "attempt 2 (2 ranks): rank 1 on host localhost: ProcessDied" in done.stderr
 
 
 @pytest.mark.spark
@@ -102,6 +112,8 @@ def test_a_missing_script_is_one_line_and_a_non_zero_status(tmp_path, words):
                                                      "without Spark"),
     (("--np", "2", "--conf", "spark.task.cpus"), "--conf needs NAME=VALUE, got 'spark.task.cpus'"),
     (("--np", "2", "python", "-m", "train"), "`python -m MODULE` is not supported"),
+    (("--np", "2", "--reset-limit", "1", "--max-restarts", "1"), "--max-restarts reruns a job "
+                                                                 "from its start; --min-np"),
 ])
 def test_a_command_line_the_cli_refuses_is_one_line(script, tmp_path, args, says):
     words = [a if a != "train" else str(script) for a in args]
