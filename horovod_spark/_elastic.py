@@ -65,6 +65,12 @@ class _Link:
         return self.store.get(key) if self.store.check(key) else None
 
     def commit(self, blob: bytes) -> None:
+        from collectives.rendezvous.store import MAX_VALUE
+
+        if len(blob) > MAX_VALUE:  # refused here: the store would drop the connection instead
+            raise ValueError(f"elastic commit: the state is {len(blob)} bytes pickled, over the "
+                             f"job store's largest value ({MAX_VALUE} bytes); keep less in the "
+                             f"state (save large parts to shared storage and keep their path)")
         self.store.set(commit_key(self.job), blob)
 
 

@@ -84,14 +84,13 @@ class NotEnoughSlotsError(ValueError):
     """Fewer free barrier slots than `min_np` after the timeout; names the failures so far."""
 
     def __init__(self, message: str, history: Tuple[Attempt, ...] = ()) -> None:
-        self.history = tuple(history)
+        self.message, self.history = message, tuple(history)
         if self.history:
             message += f"\nearlier attempts:\n{_history_text(self.history)}"
         super().__init__(message)
-        self.message = message
 
     def __reduce__(self):
-        return (type(self), (self.message,))
+        return (type(self), (self.message, self.history))
 
 
 class Keeper:
@@ -172,7 +171,9 @@ def run_elastic_on_spark(spark, payload: bytes, opts, eopts: ElasticOptions, fil
         raise ValueError("run_elastic keeps the committed state in the job store on the driver, "
                          "which the executors must reach: unset HOROVOD_SPARK_RENDEZVOUS=spark, "
                          "or set HOROVOD_SPARK_CLIENT_ADDRESS to an address they reach")
-    say = lambda m: opts.say(1, m)  # noqa: E731
+    def say(message: str) -> None:
+        opts.say(1, message)
+
     first = elastic_slots(cluster, eopts, opts.start_timeout, say)
     job = BarrierJob(spark, dataclasses.replace(opts, np=first), files)
     job.keeper = Keeper()

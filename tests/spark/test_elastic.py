@@ -3,6 +3,8 @@ Resuming on local ranks is tests/tf/test_elastic_keras.py's; an executor lost,
 tests/spark/test_runner_local_cluster.py's."""
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 
@@ -66,12 +68,15 @@ def test_the_reset_limit_reached_is_a_named_error_listing_each_attempts_failed_r
     assert "reset_limit=1 reached after 2 failed attempts" in text
     assert "attempt 1 (2 ranks): rank 1 on host" in text and "SIGKILL" in text
     assert isinstance(err, JobFailedError) and err.rank == 1
+    again = pickle.loads(pickle.dumps(err))  # a run() in a worker pool hands it back whole
+    assert str(again) == text and again.history == err.history
 
 
 def test_fewer_slots_than_min_num_proc_is_a_named_error_before_any_stage(spark):
     with pytest.raises(NotEnoughSlotsError, match=r"2 free barrier task slots.*fewer than "
-                                                  r"min_num_proc=3"):
+                                                  r"min_num_proc=3") as info:
         horovod_spark.run_elastic(lambda: 0, num_proc=3, min_num_proc=3)
+    assert str(pickle.loads(pickle.dumps(info.value))) == str(info.value)
 
 
 def _counts(steps, marker):
