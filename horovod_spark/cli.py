@@ -155,7 +155,6 @@ def _session(master: Optional[str], np_: int, conf: dict, remote: Optional[str] 
 
 
 def _run(ns) -> int:
-    from . import runner
     from ._job.driver import JobFailedError
 
     script, args = _script(ns)
@@ -181,14 +180,7 @@ def _run(ns) -> int:
             raise _Refused("--master and --remote name two different Spark sessions; pass one")
         _session(ns.master, max(ns.np, ns.max_np or 0), conf, ns.remote)
     try:
-        if elastic:
-            runner.run_elastic(fn, num_proc=ns.np, min_num_proc=ns.min_np,
-                               max_num_proc=ns.max_np, reset_limit=ns.reset_limit,
-                               elastic_timeout=ns.elastic_timeout, env=env,
-                               start_timeout=ns.start_timeout, verbose=ns.verbose)
-        else:
-            runner.run(fn, num_proc=ns.np, env=env, start_timeout=ns.start_timeout,
-                       verbose=ns.verbose, max_restarts=ns.max_restarts)
+        _launch(ns, fn, env, elastic)
     except JobFailedError as exc:
         print(f"horovod-spark run: {exc}", file=sys.stderr)
         return 1
@@ -196,6 +188,18 @@ def _run(ns) -> int:
         print(f"horovod-spark run: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _launch(ns, fn, env: dict, elastic: bool) -> None:
+    from . import runner
+
+    if elastic:
+        runner.run_elastic(fn, num_proc=ns.np, min_num_proc=ns.min_np, max_num_proc=ns.max_np,
+                           reset_limit=ns.reset_limit, elastic_timeout=ns.elastic_timeout,
+                           env=env, start_timeout=ns.start_timeout, verbose=ns.verbose)
+    else:
+        runner.run(fn, num_proc=ns.np, env=env, start_timeout=ns.start_timeout,
+                   verbose=ns.verbose, max_restarts=ns.max_restarts)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -176,6 +176,20 @@ def _count(name: str, value, default: int) -> int:
     return value
 
 
+def _elastic_sizes(num_proc, min_num_proc, max_num_proc) -> tuple:
+    """(num_proc, min, max): min and max default to num_proc, num_proc to max_num_proc, then
+    to Spark's default parallelism."""
+    if num_proc is None:
+        num_proc = max_num_proc if max_num_proc is not None else \
+            Cluster(get_session()).default_parallelism()
+    num_proc = checks.check_np(num_proc)
+    lo = _count("min_num_proc", min_num_proc, abs(num_proc))
+    hi = _count("max_num_proc", max_num_proc, max(abs(num_proc), lo))
+    if lo > hi:
+        raise ValueError(f"run_elastic: min_num_proc={lo} is more than max_num_proc={hi}")
+    return num_proc, lo, hi
+
+
 def run_elastic(fn: Callable[..., Any], args: Sequence = (),
                 kwargs: Optional[Mapping[str, Any]] = None, num_proc: Optional[int] = None,
                 min_num_proc: Optional[int] = None, max_num_proc: Optional[int] = None,
@@ -211,13 +225,7 @@ def run_elastic(fn: Callable[..., Any], args: Sequence = (),
     if kwargs is not None and not isinstance(kwargs, Mapping):
         raise TypeError(f"run_elastic: kwargs must be a mapping of keyword arguments for fn, got "
                         f"{type(kwargs).__name__}")
-    if num_proc is None and (max_num_proc is None or max_num_proc < 0):
-        num_proc = Cluster(get_session()).default_parallelism()
-    num_proc = checks.check_np(num_proc if num_proc is not None else max_num_proc)
-    lo = _count("min_num_proc", min_num_proc, abs(num_proc))
-    hi = _count("max_num_proc", max_num_proc, max(abs(num_proc), lo))
-    if lo > hi:
-        raise ValueError(f"run_elastic: min_num_proc={lo} is more than max_num_proc={hi}")
+    num_proc, lo, hi = _elastic_sizes(num_proc, min_num_proc, max_num_proc)
     if reset_limit is not None and (isinstance(reset_limit, bool) or
                                     not isinstance(reset_limit, int) or reset_limit < 0):
         raise ValueError(f"run_elastic: reset_limit must be an int >= 0 or None, got "

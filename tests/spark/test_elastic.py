@@ -124,3 +124,13 @@ def test_an_error_of_the_function_itself_is_not_retried(tmp_path):
         horovod_spark.run_elastic(fails, args=(str(marker),), num_proc=-2, reset_limit=3)
     assert not isinstance(info.value, ResetLimitError)
     assert marker.read_text() == "xx"  # one attempt of two ranks
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    (dict(num_proc=2, min_num_proc=3, max_num_proc=2), "min_num_proc=3 is more than max_num_proc=2"),
+    (dict(num_proc=2, min_num_proc=0), "min_num_proc must be an int >= 1, got 0"),
+    (dict(num_proc=2, reset_limit=-1), "reset_limit must be an int >= 0 or None, got -1"),
+])
+def test_sizes_and_limits_run_elastic_cannot_use_are_refused_before_anything_starts(kwargs, says):
+    with pytest.raises(ValueError, match=says):
+        horovod_spark.run_elastic(lambda: 0, **kwargs)
