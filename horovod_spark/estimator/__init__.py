@@ -38,13 +38,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from horovod_spark.estimator.backend import SparkBackend
 from horovod_spark.estimator.store import (DBFSLocalStore, FilesystemStore, HDFSStore, LocalStore,
                                            Store)
 from horovod_spark.estimator.trainer import EarlyStopping
 
 __all__ = ["TorchEstimator", "TorchModel", "KerasEstimator", "KerasModel",
            "Store", "LocalStore", "FilesystemStore", "DBFSLocalStore", "HDFSStore",
-           "EarlyStopping"]
+           "EarlyStopping", "SparkBackend"]
 
 _LAZY = {"TorchEstimator": "torch_estimator", "TorchModel": "torch_estimator",
          "KerasEstimator": "keras_estimator", "KerasModel": "keras_estimator"}

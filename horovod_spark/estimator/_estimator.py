@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from pyspark.ml import Estimator
 
 from horovod_spark.estimator import _checks, _mlflow, _parquet
+from horovod_spark.estimator import backend as _backend
 from horovod_spark.estimator._job import FitJob, TrainSpec
 from horovod_spark.estimator.data import ColumnSpec, prepare
 from horovod_spark.estimator.params import IGNORED, EstimatorParams, document_constructor
@@ -61,13 +62,13 @@ class DistributedEstimator(Estimator, EstimatorParams):
 
     def _fit(self, dataset):
         began = time.perf_counter()
-        values = self.param_values()
+        values = _backend.with_input_shapes(self.param_values())
         _checks.require(type(self).__name__, values, [
             n for n in self._required if not (n == "loss" and values.get("loss_constructors"))])
         _checks.warn_ignored(self, IGNORED)
         specs = _checks.checked_specs(dataset, values)
         spark = dataset.sparkSession
-        num_proc = _checks.resolve_num_proc(spark, values["num_proc"])
+        num_proc = _checks.resolve_num_proc(spark, _backend.num_proc(values))
         # vars(): a Connect DataFrame answers any unknown attribute with a Column
         parquet_path = vars(dataset).get("_hvs_parquet_path")
         direct = _parquet.plan(parquet_path, specs, num_proc) if parquet_path else None
@@ -110,7 +111,7 @@ class DistributedEstimator(Estimator, EstimatorParams):
         fitted = self._model_class(
             model_bytes=result["model"], history=history, output_shapes=output_shapes,
             feature_cols=values["feature_cols"], label_cols=values["label_cols"],
-            run_id=run_id)
+            run_id=run_id, input_shapes=values["input_shapes"])
         if _mlflow.wanted(values["mlflow"]):
             _mlflow.log_fit(values, fitted, history, self._mlflow_flavor, values["mlflow"])
         return fitted

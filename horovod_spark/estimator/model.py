@@ -16,6 +16,7 @@ expects of a stage.
 """
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -89,7 +90,7 @@ class EstimatorModel(Model, ModelParams, MLWritable, MLReadable):
 
         fields = [T.StructField(n, T.ArrayType(T.DoubleType(), False) if _is_vector(s)
                                 else T.DoubleType(), False) for n, s in zip(out_cols, shapes)]
-        fn = _partition_predictor(self._model_broadcast(spark), type(self)._make_predictor,
+        fn = _partition_predictor(self._model_broadcast(spark), self._predictor_factory(),
                                   [(s.name, s.dtype) for s in specs], shapes, out_cols,
                                   self.getOrDefault("batch_size"))
         with warnings.catch_warnings():  # "prefer type hints": the arity varies per model
@@ -121,6 +122,15 @@ class EstimatorModel(Model, ModelParams, MLWritable, MLReadable):
             self._broadcast = spark.sparkContext.broadcast(self._model_bytes)
         return self._broadcast
 
+    def _predictor_factory(self) -> Callable[[bytes], Predictor]:
+        """make_predictor, reshaping the inputs to input_shapes where the model has them."""
+        shapes = self.getOrDefault("input_shapes")
+        if not shapes:
+            return type(self)._make_predictor
+        from horovod_spark.estimator.backend import reshaping_predictor
+
+        return functools.partial(reshaping_predictor, type(self)._make_predictor, shapes)
+
     def _probe_output_shapes(self, dataset, specs) -> List[List[int]]:
         """Output shapes from one row, for a model built without fit."""
         from horovod_spark.estimator.data import prepare
@@ -128,7 +138,7 @@ class EstimatorModel(Model, ModelParams, MLWritable, MLReadable):
         table = to_arrow(prepare(dataset, specs).limit(1))
         if table.num_rows == 0:
             raise ValueError("cannot find the model's output shape from an empty DataFrame")
-        predict = type(self)._make_predictor(self._model_bytes)
+        predict = self._predictor_factory()(self._model_bytes)
         outs = predict([arrow_to_numpy(table.column(s.name), s.dtype, s.name) for s in specs])
         self._output_shapes = [list(o.shape[1:]) for o in outs]
         return self._output_shapes

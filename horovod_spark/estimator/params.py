@@ -97,6 +97,18 @@ def _callable_or_none(name: str) -> Callable[[Any], Any]:
     return convert
 
 
+def _to_backend(value: Any) -> Any:
+    from horovod_spark.estimator.backend import to_backend
+
+    return to_backend(value)
+
+
+def _to_shapes(value: Any) -> Any:
+    from horovod_spark.estimator.backend import to_shapes
+
+    return to_shapes(value)
+
+
 def _to_list_string(value: Any) -> Any:
     return None if value is None else TypeConverters.toListString(_to_list(value))
 
@@ -168,6 +180,12 @@ _TRAINING: Dict[str, Tuple[str, Callable[[Any], Any], Any]] = {
                     "False", lambda v: None if v is None else TypeConverters.toBoolean(v), None),
     "log_every_n_steps": ("TensorBoard: the training loss and learning rate every this many "
                           "steps (0: per epoch only)", TypeConverters.toInt, 50),
+    "backend": ("Horovod's: an object with num_processes() (a SparkBackend) that sets the "
+                "number of ranks, in place of num_proc", _to_backend, None),
+    "input_shapes": ("one shape per feature column: each batch's column is reshaped to it "
+                     "before the model, in training and in Model.transform; -1 takes the "
+                     "batch size ([-1, 1, 28, 28]), a shape without -1 is one row's",
+                     _to_shapes, None),
     "mlflow": ("log the fit to MLflow from the driver (params, per-epoch metrics, the model): "
                "None (default) when mlflow is installed and a run is active, True (start a run "
                "if none is active), False", lambda v: None if v is None else
@@ -177,7 +195,6 @@ _TRAINING: Dict[str, Tuple[str, Callable[[Any], Any], Any]] = {
 # Horovod's params that have no job here: accepted, and named in one warning per fit with
 # what replaces them.
 IGNORED: Dict[str, str] = {
-    "backend": "num_proc sets the number of ranks",
     "train_reader_num_workers": "each rank memory-maps its own spilled Arrow shard",
     "val_reader_num_workers": "each rank memory-maps its own spilled Arrow shard",
     "reader_pool_type": "each rank memory-maps its own spilled Arrow shard",
@@ -189,7 +206,6 @@ IGNORED: Dict[str, str] = {
     "transformation_removed_fields": "transformation_fn may add, change and drop batch keys",
     "label_shapes": "a label takes its model output's shape when it has as many values",
     "mp_start_method": "each rank is its own process already",
-    "input_shapes": "the model reshapes its inputs in forward() (x.view(-1, 1, 8, 8))",
     "data_module": "the estimator reads its data itself (fit or fit_on_parquet)",
     "loader_num_epochs": "epochs (the stream of batches never ends within a fit)",
 }
@@ -204,6 +220,7 @@ _MODEL: Dict[str, Tuple[str, Callable[[Any], Any], Any]] = {
                     _to_list_string, None),
     "batch_size": ("rows per prediction batch", _to_positive_int("batch_size"), 1024),
     "run_id": ("the run this model came from", _to_optional_string, None),
+    "input_shapes": _TRAINING["input_shapes"],
 }
 
 

@@ -1,4 +1,5 @@
-"""TorchEstimator on real Spark (local[2]): training, pipelines, resume, uneven data."""
+"""TorchEstimator on real Spark (local[2]): training, pipelines, resume, uneven data,
+Horovod's backend and input_shapes."""
 import os
 import sys
 
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from horovod_spark.estimator import LocalStore, TorchEstimator, TorchModel
+from horovod_spark.estimator import LocalStore, SparkBackend, TorchEstimator, TorchModel
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks can't import tests
@@ -220,3 +221,63 @@ def test_an_error_in_training_is_raised_on_the_driver_naming_the_rank(spark, tmp
                        loss=torch.nn.MSELoss(), feature_cols=["x"], label_cols=["y"],
                        transformation_fn=fails_in_training, store=str(tmp_path),
                        verbose=0).fit(df)
+
+
+# Horovod's backend and input_shapes params: a convolutional model fits digit rows of 64
+# values as 1x8x8 images, as Horovod's MNIST examples pass them, and its Model reshapes
+# the same way in transform, after a save/load.
+class HorovodLikeBackend:
+    """What Horovod's SparkBackend offers an estimator: the number of processes."""
+
+    def num_processes(self):
+        return 2
+
+
+def _conv_net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.ReLU(),
+                               torch.nn.Flatten(), torch.nn.Linear(8 * 8 * 8, 10))
+
+
+def _conv_estimator(tmp_path, **kw):
+    net = _conv_net()
+    args = dict(model=net, optimizer=torch.optim.Adam(net.parameters(), lr=0.01),
+                loss=torch.nn.CrossEntropyLoss(), feature_cols=["features"],
+                label_cols=["label"], batch_size=32, epochs=3, store=str(tmp_path), verbose=0)
+    args.update(kw)
+    return TorchEstimator(**args)
+
+
+def test_a_conv_model_trains_on_rows_reshaped_by_input_shapes_with_a_backend(digits, tmp_path):
+    train, test, (x_test, y_test) = digits
+    est = _conv_estimator(tmp_path, backend=HorovodLikeBackend(), input_shapes=[[-1, 1, 8, 8]])
+    model = est.fit(train)
+    assert model.getOrDefault("input_shapes") == [[-1, 1, 8, 8]]
+    path = str(tmp_path / "model")
+    model.write().overwrite().save(path)
+    for m in (model, TorchModel.load(path)):
+        rows = m.transform(test).select("label", "label__output").collect()
+        accuracy = np.mean([np.argmax(r.label__output.toArray()) == r.label for r in rows])
+        assert len(rows) == len(y_test) and accuracy > 0.8, accuracy
+
+
+def test_a_shape_without_minus_one_is_one_rows_and_spark_backend_counts_ranks():
+    from horovod_spark.estimator.backend import num_proc, reshape
+
+    rows = np.arange(3 * 64, dtype=np.float32).reshape(3, 64)
+    assert reshape(rows, [1, 8, 8]).shape == (3, 1, 8, 8)
+    assert np.array_equal(reshape(rows, [-1, 1, 8, 8]), reshape(rows, [1, 8, 8]))
+    assert num_proc({"backend": SparkBackend(num_proc=3), "num_proc": None}) == 3
+    assert num_proc({"backend": SparkBackend(), "num_proc": None}) is None  # the default
+
+
+def test_backend_params_are_refused_before_anything_runs(digits, tmp_path):
+    train, _, _ = digits
+    with pytest.raises(ValueError, match='At most one of parameters "backend" and "num_proc"'):
+        _conv_estimator(tmp_path, backend=SparkBackend(num_proc=2), num_proc=2).fit(train)
+    with pytest.raises(ValueError, match=r"input_shapes has 2 shape\(s\) for 1 feature"):
+        _conv_estimator(tmp_path, num_proc=2, input_shapes=[[-1, 64], [-1, 64]]).fit(train)
+    with pytest.raises(TypeError, match="num_processes"):
+        _conv_estimator(tmp_path, backend="spark")
+    with pytest.raises(ValueError, match="at most one -1"):
+        _conv_estimator(tmp_path, input_shapes=[[-1, -1, 8]])
