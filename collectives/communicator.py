@@ -57,6 +57,9 @@ class Communicator:
         self._lock = threading.Lock()
         self._gpu_lock = threading.Lock()
         self._transport_base: dict = {}
+        #: how this rank bootstrapped (host, bind address, secret): what a sub-communicator
+        #: over the same store needs; None for a backend built otherwise (MPI)
+        self._boot: Optional[tuple] = None
 
     @classmethod
     def create(cls, store, rank: int, size: int, host: str, bind_addr: str, secret: bytes,
@@ -68,7 +71,17 @@ class Communicator:
         config = config or Config()
         mesh = build_mesh(store, rank, size, host, bind_addr, secret, prefix,
                           config.connect_timeout, force_tcp=config.force_tcp)
-        return cls(NativeBackend(mesh, store, config, prefix), config, store=store, prefix=prefix)
+        comm = cls(NativeBackend(mesh, store, config, prefix), config, store=store, prefix=prefix)
+        comm._boot = (host, bind_addr, secret)
+        return comm
+
+    def subset(self, ranks: Sequence[int], tag: str) -> "Communicator":
+        """A communicator of its own among `ranks` (world ranks), its rank i being world rank
+        ranks[i]; see `collectives.subgroup`.  Only the members call it, each with the same
+        ranks and tag (a name no other subset of this communicator used)."""
+        from .subgroup import sub_communicator
+
+        return sub_communicator(self, ranks, tag)
 
     # -- placement ---------------------------------------------------------
     rank = property(lambda self: self.backend.topology.rank)

@@ -26,6 +26,7 @@ from collectives.fusion import FusionEngine
 from collectives.logs import apply_log_level
 
 from . import progress
+from ._psets import ProcessSet, ProcessSetTable, SetView
 
 __all__ = ["HorovodState", "gpu_ordinal", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built",
            "ddl_built", "ccl_built"]
@@ -64,6 +65,9 @@ class HorovodState:
         self._lock = threading.Lock()
         self._comm: Optional[collectives.Communicator] = None
         self._engine: Optional[FusionEngine] = None
+        #: Horovod's `global_process_set` of this adapter, and the sets registered beside it
+        self.global_process_set = ProcessSet([])
+        self._psets = ProcessSetTable(self.communicator, self.engine, self.global_process_set)
         atexit.register(self.shutdown)
         progress.add_engine_source(self.collective_seconds)
 
@@ -75,37 +79,58 @@ class HorovodState:
         return f"{self.package} has not been initialized; call hvd.init() first"
 
     def init(self, comm: Optional[collectives.Communicator] = None,
-             config: Optional[collectives.Config] = None) -> None:
+             config: Optional[collectives.Config] = None, process_sets=None) -> None:
         """Join the job (a no-op while initialized).
 
         Args:
             comm: an existing collectives.Communicator to use instead of building one.
             config: a collectives.Config; by default built from the HOROVOD_* variables.
+            process_sets: ProcessSets (or lists of ranks) every rank registers now, in the
+                same order; or "dynamic" to allow add_process_set/remove_process_set later
+                (as HOROVOD_DYNAMIC_PROCESS_SETS=1 does).
         """
         with self._lock:
             if self._comm is not None:
                 return
-            if comm is not None and not isinstance(comm, collectives.Communicator):
-                raise TypeError(f"init(comm=...) takes a collectives.Communicator, got "
-                                f"{type(comm).__name__}; MPI sub-communicators are not supported")
-            comm = comm if comm is not None else collectives.init(config)
-            from ._job.logchannel import forward_warnings
+            self._start(comm, config)
+        self._start_process_sets(process_sets)
 
-            config = config if config is not None else comm.config
-            for name in ("collectives", "horovod_spark"):  # under a Spark task: to the driver
-                forward_warnings(name)
-            apply_log_level(config.log_level, comm.rank, comm.size, ("collectives", "horovod_spark"))
-            self._engine = FusionEngine(comm, config, lane=self._lane)
-            log.info("%s joined as rank %d/%d (fusion threshold %d B, cycle %g ms)", self.package,
-                     comm.rank, comm.size, config.fusion_threshold, config.cycle_time_ms)
-            self._comm = comm
-            if self._on_init is not None:
-                self._on_init()
+    def _start_process_sets(self, process_sets) -> None:
+        from ._job.settings import DYNAMIC_PROCESS_SETS
+
+        dynamic = isinstance(process_sets, str)
+        if dynamic and process_sets != "dynamic":
+            raise ValueError(f"init(process_sets=...) takes a list of process sets or 'dynamic', "
+                             f"got {process_sets!r}")
+        self._psets.start(dynamic or DYNAMIC_PROCESS_SETS.read())
+        if process_sets and not dynamic:
+            self._psets.add(list(process_sets), initial=True)
+
+    def _start(self, comm, config) -> None:
+        if comm is not None and not isinstance(comm, collectives.Communicator):
+            raise TypeError(f"init(comm=...) takes a collectives.Communicator, got "
+                            f"{type(comm).__name__}; MPI sub-communicators are not supported")
+        comm = comm if comm is not None else collectives.init(config)
+        from ._job.logchannel import forward_warnings
+
+        config = config if config is not None else comm.config
+        for name in ("collectives", "horovod_spark"):  # under a Spark task: to the driver
+            forward_warnings(name)
+        apply_log_level(config.log_level, comm.rank, comm.size, ("collectives", "horovod_spark"))
+        self._engine = FusionEngine(comm, config, lane=self._lane)
+        log.info("%s joined as rank %d/%d (fusion threshold %d B, cycle %g ms)", self.package,
+                 comm.rank, comm.size, config.fusion_threshold, config.cycle_time_ms)
+        self._comm = comm
+        if self._on_init is not None:
+            self._on_init()
 
     def shutdown(self) -> None:
-        """Leave the job: stop the engine on every rank and close the communicator."""
+        """Leave the job: stop the engines on every rank and close the communicators."""
         with self._lock:
-            comm, eng, self._comm, self._engine = self._comm, self._engine, None, None
+            try:
+                self._psets.close()
+            finally:
+                comm, eng, self._comm, self._engine = self._comm, self._engine, None, None
         try:
             if eng is not None:
                 eng.shutdown()
@@ -137,6 +162,31 @@ class HorovodState:
 
     def rank(self) -> int:
         return self.communicator().rank
+
+    # -- process sets ------------------------------------------------------------
+    def add_process_set(self, process_set) -> ProcessSet:
+        """Register a set on every rank (collective; needs dynamic process sets)."""
+        return self._psets.add([process_set])[0]
+
+    def remove_process_set(self, process_set: ProcessSet) -> bool:
+        """Unregister a set on every rank (collective); False for the global set."""
+        return self._psets.remove(process_set)
+
+    def process_set(self, process_set, what: str) -> Optional[SetView]:
+        """The view an op on `process_set` runs on; None for the global set.
+
+        Raises:
+            ValueError: not a registered set, or this rank is not one of its members.
+        """
+        if process_set is None or process_set is self.global_process_set:
+            return None
+        self.communicator()
+        return self._psets.view(process_set, what)
+
+    def process_sets(self) -> list:
+        """The registered sets, the global one first."""
+        self.communicator()
+        return self._psets.process_sets()
 
     def size(self) -> int:
         return self.communicator().size

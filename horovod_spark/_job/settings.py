@@ -18,7 +18,7 @@ from collectives.settings import SETTINGS as _COLLECTIVES
 from collectives.settings import FINISH_GRACE, Setting, parse_bool
 
 __all__ = ["DriverSettings", "table", "RENDEZVOUS", "CLIENT_ADDRESS", "WARM_START", "START_TIMEOUT",
-           "PARQUET_DIRECT", "TF_LANE", "CACHE", "PROGRESS", "LOG_CALLBACK"]
+           "PARQUET_DIRECT", "TF_LANE", "CACHE", "PROGRESS", "LOG_CALLBACK", "DYNAMIC_PROCESS_SETS"]
 
 
 def _rendezvous(text: str) -> str:
@@ -43,13 +43,15 @@ TF_LANE = Setting("HOROVOD_SPARK_TF_LANE", True, parse_bool, "rank",
                   "TensorFlow's traced allreduces run as the native lane op")
 CACHE = Setting("HOROVOD_SPARK_CACHE", None, str, "rank",
                 "where the TensorFlow lane op is compiled to")
+DYNAMIC_PROCESS_SETS = Setting("HOROVOD_DYNAMIC_PROCESS_SETS", False, parse_bool, "rank",
+                               "hvd.add_process_set / remove_process_set after init()")
 PROGRESS = Setting("HVS_PROGRESS", False, parse_bool, "rank",
                    "the rank writes progress records (the driver shows a bar)", contract=True)
 LOG_CALLBACK = Setting("HVS_LOG_CALLBACK", False, parse_bool, "rank",
                        "log_to_driver marks its lines (the Spark task filters on it)", contract=True)
 
 _OWN = (RENDEZVOUS, CLIENT_ADDRESS, WARM_START, START_TIMEOUT, PARQUET_DIRECT, TF_LANE, CACHE, PROGRESS,
-        LOG_CALLBACK)
+        LOG_CALLBACK, DYNAMIC_PROCESS_SETS)
 _PREFIXES = ("HOROVOD_SPARK_", "HVS_")
 _warned: set = set()
 

@@ -16,7 +16,8 @@ from typing import Optional
 from .._hvd import HorovodState
 from ._errors import InvalidArgument
 
-__all__ = ["init", "shutdown", "is_initialized", "engine", "submit", "waiting_now",
+__all__ = ["init", "shutdown", "is_initialized", "engine", "submit", "waiting_now", "view",
+           "set_size", "set_rank", "global_process_set", "add_process_set", "remove_process_set",
            "communicator", "rank", "size",
            "local_rank", "local_size", "cross_rank", "cross_size", "is_homogeneous",
            "metrics", "record_step", "op_name", "start_timeline", "stop_timeline"]
@@ -53,6 +54,25 @@ communicator, engine = STATE.communicator, STATE.engine
 rank, size, local_rank, local_size = STATE.rank, STATE.size, STATE.local_rank, STATE.local_size
 cross_rank, cross_size, is_homogeneous = STATE.cross_rank, STATE.cross_size, STATE.is_homogeneous
 start_timeline, stop_timeline = STATE.start_timeline, STATE.stop_timeline
+global_process_set = STATE.global_process_set
+add_process_set, remove_process_set = STATE.add_process_set, STATE.remove_process_set
+
+
+def view(process_set, what: str):
+    """The process set an op runs on (None: the global set); a refusal is an InvalidArgument."""
+    try:
+        return STATE.process_set(process_set, what)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from exc
+
+
+def set_size(ps) -> int:
+    """The size of the set an op runs on (the world's for None)."""
+    return size() if ps is None else ps.size
+
+
+def set_rank(ps) -> int:
+    return rank() if ps is None else ps.rank
 
 
 _local = threading.local()
@@ -71,10 +91,11 @@ def waiting_now():
         _local.now = before
 
 
-def submit(name: str, kind: str, *args, **kwargs):
-    """engine().submit, lazy inside waiting_now(); a refused argument is an InvalidArgument
-    (a ValueError, and the RuntimeError a Horovod script catches)."""
-    eng = engine()
+def submit(name: str, kind: str, *args, view=None, **kwargs):
+    """engine().submit (the set's, for a process set's `view`), lazy inside waiting_now(); a
+    refused argument is an InvalidArgument (a ValueError, and the RuntimeError a Horovod
+    script catches)."""
+    eng = engine() if view is None else view
     try:
         return eng.submit(name, kind, *args, lazy=getattr(_local, "now", False), **kwargs)
     except ValueError as exc:
@@ -83,11 +104,12 @@ def submit(name: str, kind: str, *args, **kwargs):
         raise InvalidArgument(str(exc)) from exc
 
 
-def op_name(kind: str, name: Optional[str]) -> str:
-    """Horovod's naming: 'allreduce.<name>', or 'allreduce.noname.<n>' in call order."""
+def op_name(kind: str, name: Optional[str], ps=None) -> str:
+    """Horovod's naming: 'allreduce.<name>', or 'allreduce.noname.<n>' in call order, counted
+    per process set (a rank outside a set must not count its ops)."""
     if name is not None:
         return f"{kind}.{name}"
-    counter = _counters.setdefault(kind, itertools.count())
+    counter = _counters.setdefault(kind if ps is None else (kind, ps.tag), itertools.count())
     return f"{kind}.noname.{next(counter)}"
 
 

@@ -29,15 +29,16 @@ def _wire(t: torch.Tensor, prescale: float) -> torch.Tensor:
 
 
 def submit(tensors: Sequence[torch.Tensor], names: Sequence[str], inplace: bool,
-           prescale: float = 1.0, postscale: float = 1.0) -> Tuple[list, Callable]:
-    """Submit the tensors' allgathers; returns (engine handles, finish(results))."""
-    size = _state.size()
-    check_world(size, _state.rank(), f"allreduce '{names[0]}'" if names else "allreduce")
+           prescale: float = 1.0, postscale: float = 1.0, ps=None) -> Tuple[list, Callable]:
+    """Submit the tensors' allgathers (among the process set `ps`, a view; None: every
+    rank); returns (engine handles, finish(results))."""
+    size = _state.set_size(ps)
+    check_world(size, _state.set_rank(ps), f"allreduce '{names[0]}'" if names else "allreduce")
     for t, name in zip(tensors, names):
         if t.dtype not in _FLOATING:
             raise InvalidArgument(f"allreduce '{name}': Adasum combines floating tensors "
                                   f"(float16, bfloat16, float32, float64), got {t.dtype}")
-    handles = [_state.submit(name, "allgather", _wire(t, prescale), strict_join=True)
+    handles = [_state.submit(name, "allgather", _wire(t, prescale), strict_join=True, view=ps)
                for t, name in zip(tensors, names)]
 
     def finish(results: List[torch.Tensor]) -> list:

@@ -24,6 +24,7 @@ from collectives.adasum import ADASUM, is_adasum
 from collectives.errors import NotSupported
 from collectives.types import ReduceOp
 
+from .._psets import ProcessSet
 from . import _state
 from . import adasum as _adasum
 from ._errors import InvalidArgument
@@ -44,14 +45,7 @@ Product = ReduceOp.PRODUCT
 Adasum = ADASUM  # combined by the adaptive-sum tree (see collectives.adasum)
 
 
-class ProcessSet:
-    """Only the global process set is supported; it exists for signature compatibility."""
-
-    def __repr__(self) -> str:
-        return "global_process_set"
-
-
-global_process_set = ProcessSet()
+global_process_set = _state.global_process_set
 
 
 class TorchHandle:
@@ -71,11 +65,6 @@ class TorchHandle:
             self._value = self._finish([h.wait() for h in self._handles])
             self._done, self._handles = True, []
         return self._value
-
-
-def _check_process_set(process_set) -> None:
-    if process_set is not None and process_set is not global_process_set:
-        raise NotSupported("process sets other than the global one are not supported")
 
 
 def handle_average_backwards_compatibility(op, average):
@@ -111,8 +100,7 @@ class _IntPlan:
         self.op = Sum if self.average else op
         self.post = post
 
-    def finish(self, out: torch.Tensor) -> torch.Tensor:
-        n = _state.size()
+    def finish(self, out: torch.Tensor, n: int) -> torch.Tensor:
         if self.post != 1.0:  # one scaling, as Horovod folds 1/size into the postscale
             scaled = _scale_int(out, self.post / (n if self.average else 1))
         elif self.average:
@@ -128,70 +116,72 @@ def _int_plan(tensor, op, pre, post) -> Optional[_IntPlan]:
     return _IntPlan(tensor, op, pre, post)
 
 
-def _reduce_finish(plan: Optional[_IntPlan], inplace: Optional[torch.Tensor]):
+def _reduce_finish(plan: Optional[_IntPlan], inplace: Optional[torch.Tensor], ps=None):
     def finish(results):
-        out = results[0] if plan is None else plan.finish(results[0])
+        out = results[0] if plan is None else plan.finish(results[0], _state.set_size(ps))
         return inplace if inplace is not None else out
     return finish
 
 
-def _reduce_submit(kind, tensor, out, name, op, prescale, postscale):
+def _reduce_submit(kind, tensor, out, name, op, prescale, postscale, ps=None):
     """Submit one allreduce or reducescatter; returns (handle, integer plan or None)."""
     plan = _int_plan(tensor, op, prescale, postscale)
     if plan is None:
         return _state.submit(name, kind, tensor, out=out, op=op, prescale=prescale,
-                             postscale=postscale), None
-    return _state.submit(name, kind, plan.input, out=out, op=plan.op), plan
+                             postscale=postscale, view=ps), None
+    return _state.submit(name, kind, plan.input, out=out, op=plan.op, view=ps), plan
 
 
-def _allreduce_submit(tensor, out, name, op, prescale, postscale):
-    return _reduce_submit("allreduce", tensor, out, name, op, prescale, postscale)
+def _allreduce_submit(tensor, out, name, op, prescale, postscale, ps=None):
+    return _reduce_submit("allreduce", tensor, out, name, op, prescale, postscale, ps)
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=global_process_set) -> TorchHandle:
     """Reduce `tensor` over ranks into a new tensor (the input is not modified)."""
-    _check_process_set(process_set)
+    ps = _state.view(process_set, "allreduce")
     op = handle_average_backwards_compatibility(op, average)
     if op is Adasum:
-        return _adasum_handle([tensor], [_state.op_name("allreduce", name)], False,
-                              prescale_factor, postscale_factor, lambda r: r[0])
-    h, plan = _allreduce_submit(tensor, None, _state.op_name("allreduce", name), op,
-                                prescale_factor, postscale_factor)
-    return TorchHandle([h], _reduce_finish(plan, None))
+        return _adasum_handle([tensor], [_state.op_name("allreduce", name, ps)], False,
+                              prescale_factor, postscale_factor, lambda r: r[0], ps)
+    h, plan = _allreduce_submit(tensor, None, _state.op_name("allreduce", name, ps), op,
+                                prescale_factor, postscale_factor, ps)
+    return TorchHandle([h], _reduce_finish(plan, None, ps))
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set) -> TorchHandle:
     """Reduce `tensor` over ranks in place."""
-    _check_process_set(process_set)
+    ps = _state.view(process_set, "allreduce")
     op = handle_average_backwards_compatibility(op, average)
     if op is Adasum:
-        return _adasum_handle([tensor], [_state.op_name("allreduce", name)], True,
-                              prescale_factor, postscale_factor, lambda r: r[0])
-    h, plan = _allreduce_submit(tensor, tensor, _state.op_name("allreduce", name), op,
-                                prescale_factor, postscale_factor)
-    return TorchHandle([h], _reduce_finish(plan, tensor))
+        return _adasum_handle([tensor], [_state.op_name("allreduce", name, ps)], True,
+                              prescale_factor, postscale_factor, lambda r: r[0], ps)
+    h, plan = _allreduce_submit(tensor, tensor, _state.op_name("allreduce", name, ps), op,
+                                prescale_factor, postscale_factor, ps)
+    return TorchHandle([h], _reduce_finish(plan, tensor, ps))
 
 
-def _adasum_handle(tensors, names, inplace: bool, pre, post, result) -> TorchHandle:
-    handles, finish = _adasum.submit(tensors, names, inplace, pre, post)
+def _adasum_handle(tensors, names, inplace: bool, pre, post, result, ps=None) -> TorchHandle:
+    handles, finish = _adasum.submit(tensors, names, inplace, pre, post, ps)
     return TorchHandle(handles, lambda r: result(finish(r)))
 
 
-def _grouped(tensors: Sequence[torch.Tensor], inplace: bool, name, op, pre, post) -> TorchHandle:
-    base = _state.op_name("grouped_allreduce", name)
+def _grouped(tensors: Sequence[torch.Tensor], inplace: bool, name, op, pre, post,
+             ps=None) -> TorchHandle:
+    base = _state.op_name("grouped_allreduce", name, ps)
     if op is Adasum:
         return _adasum_handle(list(tensors), [f"{base}.{i}" for i in range(len(tensors))],
-                              inplace, pre, post, list)
+                              inplace, pre, post, list, ps)
     handles, plans = [], []
     for i, t in enumerate(tensors):
-        h, plan = _allreduce_submit(t, t if inplace else None, f"{base}.{i}", op, pre, post)
+        h, plan = _allreduce_submit(t, t if inplace else None, f"{base}.{i}", op, pre, post, ps)
         handles.append(h)
         plans.append(plan)
 
     def finish(results):
-        out = [r if p is None else p.finish(r) for r, p in zip(results, plans)]
+        n = _state.set_size(ps)
+        out = [r if p is None else p.finish(r, n) for r, p in zip(results, plans)]
         return list(tensors) if inplace else out
     return TorchHandle(handles, finish)
 
@@ -199,38 +189,40 @@ def _grouped(tensors: Sequence[torch.Tensor], inplace: bool, name, op, pre, post
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set) -> TorchHandle:
     """Reduce a list of tensors as one group; synchronize returns a list."""
-    _check_process_set(process_set)
+    ps = _state.view(process_set, "grouped_allreduce")
     op = handle_average_backwards_compatibility(op, average)
-    return _grouped(tensors, False, name, op, prescale_factor, postscale_factor)
+    return _grouped(tensors, False, name, op, prescale_factor, postscale_factor, ps)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set) -> TorchHandle:
-    _check_process_set(process_set)
+    ps = _state.view(process_set, "grouped_allreduce")
     op = handle_average_backwards_compatibility(op, average)
-    return _grouped(tensors, True, name, op, prescale_factor, postscale_factor)
+    return _grouped(tensors, True, name, op, prescale_factor, postscale_factor, ps)
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set) -> TorchHandle:
     """Concatenate every rank's tensor along dim 0 (first dimensions may differ)."""
-    _check_process_set(process_set)
-    h = _state.submit(_state.op_name("allgather", name), "allgather", tensor, strict_join=True)
+    ps = _state.view(process_set, "allgather")
+    h = _state.submit(_state.op_name("allgather", name, ps), "allgather", tensor,
+                      strict_join=True, view=ps)
     return TorchHandle([h], lambda r: r[0])
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> TorchHandle:
-    """root_rank's tensor on every rank, in a new tensor."""
-    _check_process_set(process_set)
-    h = _state.submit(_state.op_name("broadcast", name), "broadcast", tensor,
-                      root=root_rank, strict_join=True)
+    """root_rank's tensor on every rank, in a new tensor (root_rank: a world rank)."""
+    ps = _state.view(process_set, "broadcast")
+    h = _state.submit(_state.op_name("broadcast", name, ps), "broadcast", tensor,
+                      root=_root(ps, root_rank, "broadcast"), strict_join=True, view=ps)
     return TorchHandle([h], lambda r: r[0])
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> TorchHandle:
     """root_rank's tensor on every rank, written in place."""
-    _check_process_set(process_set)
-    h = _state.submit(_state.op_name("broadcast", name), "broadcast", tensor,
-                      out=tensor, root=root_rank, strict_join=True)
+    ps = _state.view(process_set, "broadcast")
+    h = _state.submit(_state.op_name("broadcast", name, ps), "broadcast", tensor,
+                      out=tensor, root=_root(ps, root_rank, "broadcast"), strict_join=True,
+                      view=ps)
     return TorchHandle([h], lambda r: tensor)
 
 
@@ -243,10 +235,10 @@ def _splits_list(splits) -> Optional[List[int]]:
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> TorchHandle:
-    """Rows splits[j] go to rank j; synchronize returns (output, received_splits)."""
-    _check_process_set(process_set)
-    h = _state.submit(_state.op_name("alltoall", name), "alltoall", tensor,
-                               splits=_splits_list(splits))
+    """Rows splits[j] go to rank j (of the set); synchronize returns (output, received_splits)."""
+    ps = _state.view(process_set, "alltoall")
+    h = _state.submit(_state.op_name("alltoall", name, ps), "alltoall", tensor,
+                      splits=_splits_list(splits), view=ps)
 
     def finish(results):
         out, recv = results[0]
@@ -260,6 +252,16 @@ def _not_adasum(op, what: str):
     return op
 
 
+def _root(ps, root_rank, what: str) -> int:
+    """A root given as a world rank, as the set numbers it."""
+    if ps is None:
+        return root_rank
+    try:
+        return ps.root(root_rank, what)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
+
+
 def _check_scatterable(tensor, what: str) -> None:
     if tensor.dim() == 0:
         raise InvalidArgument(f"{what}: a 0-d tensor has no rows to scatter; pass a tensor "
@@ -269,40 +271,41 @@ def _check_scatterable(tensor, what: str) -> None:
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
                         prescale_factor=1.0, postscale_factor=1.0) -> TorchHandle:
     """Reduce over ranks, keep this rank's rows of dim 0 (the first ranks get one extra)."""
-    _check_process_set(process_set)
+    ps = _state.view(process_set, "reducescatter")
     op = _not_adasum(handle_average_backwards_compatibility(op, None), "reducescatter")
     _check_scatterable(tensor, "reducescatter")
     h, plan = _reduce_submit("reducescatter", tensor, None,
-                             _state.op_name("reducescatter", name), op, prescale_factor,
-                             postscale_factor)
-    return TorchHandle([h], _reduce_finish(plan, None))
+                             _state.op_name("reducescatter", name, ps), op, prescale_factor,
+                             postscale_factor, ps)
+    return TorchHandle([h], _reduce_finish(plan, None, ps))
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> TorchHandle:
     """allgather of each tensor, submitted together; synchronize returns a list."""
-    _check_process_set(process_set)
-    base = _state.op_name("grouped_allgather", name)
-    return TorchHandle([_state.submit(f"{base}.{i}", "allgather", t, strict_join=True)
+    ps = _state.view(process_set, "grouped_allgather")
+    base = _state.op_name("grouped_allgather", name, ps)
+    return TorchHandle([_state.submit(f"{base}.{i}", "allgather", t, strict_join=True, view=ps)
                         for i, t in enumerate(tensors)], list)
 
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0) -> TorchHandle:
     """reducescatter of each tensor, submitted together; synchronize returns a list."""
-    _check_process_set(process_set)
+    ps = _state.view(process_set, "grouped_reducescatter")
     op = _not_adasum(handle_average_backwards_compatibility(op, None), "grouped_reducescatter")
-    base = _state.op_name("grouped_reducescatter", name)
+    base = _state.op_name("grouped_reducescatter", name, ps)
     for i, t in enumerate(tensors):  # before any is submitted, so none is left pending
         _check_scatterable(t, f"grouped_reducescatter '{base}' tensor {i}")
     handles, plans = [], []
     for i, t in enumerate(tensors):
         h, plan = _reduce_submit("reducescatter", t, None, f"{base}.{i}", op, prescale_factor,
-                                 postscale_factor)
+                                 postscale_factor, ps)
         handles.append(h)
         plans.append(plan)
 
     def finish(results):
-        return [r if p is None else p.finish(r) for r, p in zip(results, plans)]
+        n = _state.set_size(ps)
+        return [r if p is None else p.finish(r, n) for r, p in zip(results, plans)]
     return TorchHandle(handles, finish)
 
 
@@ -310,31 +313,36 @@ def sparse_allreduce_async(tensor, name=None, op=Average,
                            process_set=global_process_set) -> TorchHandle:
     """A sparse COO tensor reduced over ranks by allgathering its indices and values (an
     index several ranks hold appears once per rank; coalescing sums them)."""
-    _check_process_set(process_set)
+    ps = _state.view(process_set, "sparse_allreduce")
     op = handle_average_backwards_compatibility(op, None)
     if op not in (Average, Sum):
         raise InvalidArgument(f"sparse_allreduce: only Average and Sum reduce sparse tensors, "
                               f"got {op.name.lower()}")
     t = tensor.coalesce()
-    base = _state.op_name("sparse_allreduce", name)
-    handles = [_state.submit(f"{base}.indices", "allgather", t.indices().t().contiguous()),
-               _state.submit(f"{base}.values", "allgather", t.values().contiguous())]
+    base = _state.op_name("sparse_allreduce", name, ps)
+    handles = [_state.submit(f"{base}.indices", "allgather", t.indices().t().contiguous(),
+                             view=ps),
+               _state.submit(f"{base}.values", "allgather", t.values().contiguous(), view=ps)]
 
     def finish(results):
         indices, values = results
         if op == Average:
-            values = values / _state.size()
+            values = values / _state.set_size(ps)
         return torch.sparse_coo_tensor(indices.t(), values, t.shape)
     return TorchHandle(handles, finish)
 
 
-def add_process_set(process_set):
-    raise NotSupported("process sets are not supported by horovod_spark; every op runs on "
-                       "the global process set")
+def add_process_set(process_set) -> ProcessSet:
+    """Register a process set (a ProcessSet or a list of world ranks) on every rank, in the
+    same order; needs dynamic process sets (HOROVOD_DYNAMIC_PROCESS_SETS=1 or
+    hvd.init(process_sets="dynamic")).  Returns the registered ProcessSet."""
+    return _state.add_process_set(process_set)
 
 
-def remove_process_set(process_set):
-    raise NotSupported("process sets are not supported by horovod_spark")
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregister a process set on every rank and free what its members held; False for
+    the global set or a set not registered."""
+    return _state.remove_process_set(process_set)
 
 
 def synchronize(handle: TorchHandle):
@@ -358,8 +366,8 @@ def join(device=-1) -> int:
 
 
 def barrier(process_set=global_process_set) -> None:
-    """Return once every rank has called barrier()."""
-    _check_process_set(process_set)
+    """Return once every rank (of the process set) has called barrier()."""
+    ps = _state.view(process_set, "barrier")
     with _state.waiting_now():
-        handle = _state.submit(_state.op_name("barrier", None), "barrier")
+        handle = _state.submit(_state.op_name("barrier", None, ps), "barrier", view=ps)
     handle.wait()

@@ -54,8 +54,10 @@ __all__ = ["DistributedOptimizer"]
 
 class _DistributedOptimizer:
     def _hvd_setup(self, named_parameters, compression, backward_passes_per_step, op,
-                   gradient_predivide_factor, groups, sparse_as_dense: bool = False) -> None:
+                   gradient_predivide_factor, groups, sparse_as_dense: bool = False,
+                   process_set=M.global_process_set) -> None:
         self._compression = compression
+        self._process_set = process_set
         self._sparse_as_dense = bool(sparse_as_dense)
         self._sparse_keys: set = set()  # parameters whose gradient goes sparse this step
         self._op = op
@@ -131,7 +133,8 @@ class _DistributedOptimizer:
             raise ValueError(f"sparse gradient of '{self._parameter_names[p]}': sparse "
                              "gradients reduce with Average or Sum; pass sparse_as_dense=True")
         self._sparse_keys.add(p)
-        self._handles[p] = (M.sparse_allreduce_async(p.grad, self._parameter_names[p], op), None)
+        self._handles[p] = (M.sparse_allreduce_async(p.grad, self._parameter_names[p], op,
+                                                     process_set=self._process_set), None)
 
     def _allreduce_async(self, tensor, name: str):
         compressed, ctx = self._compression.compress(tensor)
@@ -139,7 +142,8 @@ class _DistributedOptimizer:
         if self._op == M.Average and self._predivide != 1.0:
             pre, post = 1.0 / self._predivide, self._predivide
         handle = M.allreduce_async_(compressed, name=name, op=self._op,
-                                    prescale_factor=pre, postscale_factor=post)
+                                    prescale_factor=pre, postscale_factor=post,
+                                    process_set=self._process_set)
         return handle, ctx
 
     def _submit_the_rest(self) -> None:
@@ -227,15 +231,16 @@ def _crowded(params) -> bool:
     return _state.local_size() * torch.get_num_threads() >= usable_cores()
 
 
-def auto_groups(params) -> int:
+def auto_groups(params, process_set=M.global_process_set) -> int:
     """num_groups=None: 1 (no overlap) when any rank is a CPU rank without a spare core,
     else 0 (overlap).  Cores, threads and local sizes differ between hosts, and ranks
     with different layouts submit bucket names that never match, so the verdict is
-    agreed by the world (a MAX allreduce) before any bucket exists."""
+    agreed by the ranks that reduce together (a MAX allreduce) before any bucket exists."""
     verdict = torch.tensor([1 if _crowded(params) else 0], dtype=torch.int32)
-    if _state.size() > 1:
+    if _state.set_size(_state.view(process_set, "DistributedOptimizer")) > 1:
         with _state.waiting_now():
-            handle = M.allreduce_async(verdict, op=M.Max, name="DistributedOptimizer.layout")
+            handle = M.allreduce_async(verdict, op=M.Max, name="DistributedOptimizer.layout",
+                                       process_set=process_set)
         verdict = M.synchronize(handle)
     return int(verdict.item())
 
@@ -304,8 +309,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             reduced in place once all its members are ready.  num_groups=0: overlap
             with backward, in buckets of about 1 MiB first, then 25 MiB.  None
             (default): 1 on CPU ranks without a spare core, else 0.
+        process_set: the ranks whose gradients are averaged (every rank by default); only
+            its members make and step this optimizer.
     """
-    M._check_process_set(process_set)
+    _state.view(process_set, "DistributedOptimizer")
     op = M.handle_average_backwards_compatibility(op, None)
     if gradient_predivide_factor != 1.0 and op != M.Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
@@ -323,8 +330,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     wrapped.__dict__.update(optimizer.__dict__)
     if groups is None and num_groups is None:
         num_groups = auto_groups([p for g in optimizer.param_groups for p in g["params"]
-                                  if p.requires_grad])
+                                  if p.requires_grad], process_set)
     wrapped._hvd_setup(named_parameters, compression, backward_passes_per_step, op,
                        gradient_predivide_factor, groups if groups is not None else num_groups,
-                       sparse_as_dense)
+                       sparse_as_dense, process_set)
     return wrapped

@@ -29,26 +29,38 @@ def _now(start):
     return M.synchronize(handle)
 
 
+def _ps_rank(process_set) -> int:
+    """This rank's place in the set (the world's rank for the global set)."""
+    return _state.set_rank(_state.view(process_set, "gradient"))
+
+
+def _ps_size(process_set) -> int:
+    return _state.set_size(_state.view(process_set, "gradient"))
+
+
 class _Allreduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name, op, pre, post):
-        ctx.args = (op, pre, post)
+    def forward(ctx, tensor, name, op, pre, post, ps):
+        ctx.args = (op, pre, post, ps)
         return _now(lambda: M.allreduce_async(tensor, name=name, op=op, prescale_factor=pre,
-                                               postscale_factor=post))
+                                               postscale_factor=post, process_set=ps))
 
     @staticmethod
     def backward(ctx, grad):
-        op, pre, post = ctx.args
-        return allreduce(grad, op=op, prescale_factor=pre, postscale_factor=post), None, None, None, None
+        op, pre, post, ps = ctx.args
+        return (allreduce(grad, op=op, prescale_factor=pre, postscale_factor=post,
+                          process_set=ps), None, None, None, None, None)
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0, process_set=M.global_process_set):
-    """A new tensor: `tensor` reduced over every rank (Average unless op says otherwise)."""
-    M._check_process_set(process_set)
+    """A new tensor: `tensor` reduced over every rank of the process set (Average unless op
+    says otherwise)."""
+    _state.view(process_set, "allreduce")
     op = M.handle_average_backwards_compatibility(op, average)
     compressed, cctx = compression.compress(tensor)
-    reduced = _Allreduce.apply(compressed, name, op, prescale_factor, postscale_factor)
+    reduced = _Allreduce.apply(compressed, name, op, prescale_factor, postscale_factor,
+                               process_set)
     return compression.decompress(reduced, cctx)
 
 
@@ -61,25 +73,27 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 
 class _GroupedAllreduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, name, op, pre, post, *tensors):
-        ctx.args = (op, pre, post)
+    def forward(ctx, name, op, pre, post, ps, *tensors):
+        ctx.args = (op, pre, post, ps)
         return tuple(_now(lambda: M.grouped_allreduce_async(
-            list(tensors), name=name, op=op, prescale_factor=pre, postscale_factor=post)))
+            list(tensors), name=name, op=op, prescale_factor=pre, postscale_factor=post,
+            process_set=ps)))
 
     @staticmethod
     def backward(ctx, *grads):
-        op, pre, post = ctx.args
-        out = grouped_allreduce(list(grads), op=op, prescale_factor=pre, postscale_factor=post)
-        return (None, None, None, None, *out)
+        op, pre, post, ps = ctx.args
+        out = grouped_allreduce(list(grads), op=op, prescale_factor=pre, postscale_factor=post,
+                                process_set=ps)
+        return (None, None, None, None, None, *out)
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=M.global_process_set):
     """New tensors: each of `tensors` reduced over every rank, submitted as one group."""
-    M._check_process_set(process_set)
+    _state.view(process_set, "grouped_allreduce")
     op = M.handle_average_backwards_compatibility(op, average)
     pairs = [compression.compress(t) for t in tensors]
-    reduced = _GroupedAllreduce.apply(name, op, prescale_factor, postscale_factor,
+    reduced = _GroupedAllreduce.apply(name, op, prescale_factor, postscale_factor, process_set,
                                       *[c for c, _ in pairs])
     return [compression.decompress(r, cctx) for r, (_, cctx) in zip(reduced, pairs)]
 
@@ -92,42 +106,44 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 
 class _Allgather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name):
-        ctx.rows = tensor.shape[0] if tensor.dim() else 1
-        return _now(lambda: M.allgather_async(tensor, name=name))
+    def forward(ctx, tensor, name, ps):
+        ctx.rows, ctx.ps = (tensor.shape[0] if tensor.dim() else 1), ps
+        return _now(lambda: M.allgather_async(tensor, name=name, process_set=ps))
 
     @staticmethod
     def backward(ctx, grad):
-        reduced = allreduce(grad, op=M.Average)
-        rows = _now(lambda: M.allgather_async(torch.tensor([ctx.rows], dtype=torch.int64)))
-        offset = int(rows[:_state.rank()].sum())
-        return reduced.narrow(0, offset, ctx.rows), None
+        ps = ctx.ps
+        reduced = allreduce(grad, op=M.Average, process_set=ps)
+        rows = _now(lambda: M.allgather_async(torch.tensor([ctx.rows], dtype=torch.int64),
+                                              process_set=ps))
+        offset = int(rows[:_ps_rank(ps)].sum())
+        return reduced.narrow(0, offset, ctx.rows), None, None
 
 
 def allgather(tensor, name=None, process_set=M.global_process_set):
     """Every rank's tensor concatenated along dim 0; first dimensions may differ."""
-    M._check_process_set(process_set)
-    return _Allgather.apply(tensor, name)
+    _state.view(process_set, "allgather")
+    return _Allgather.apply(tensor, name, process_set)
 
 
 class _Broadcast(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, root, name):
-        ctx.root = root
-        return _now(lambda: M.broadcast_async(tensor, root, name=name))
+    def forward(ctx, tensor, root, name, ps):
+        ctx.root, ctx.ps = root, ps
+        return _now(lambda: M.broadcast_async(tensor, root, name=name, process_set=ps))
 
     @staticmethod
     def backward(ctx, grad):
-        reduced = allreduce(grad, op=M.Average)
+        reduced = allreduce(grad, op=M.Average, process_set=ctx.ps)
         if _state.rank() != ctx.root:
             reduced = reduced * 0
-        return reduced, None, None
+        return reduced, None, None, None
 
 
 def broadcast(tensor, root_rank, name=None, process_set=M.global_process_set):
-    """A new tensor holding root_rank's `tensor`."""
-    M._check_process_set(process_set)
-    return _Broadcast.apply(tensor, root_rank, name)
+    """A new tensor holding root_rank's `tensor` (root_rank: a world rank)."""
+    _state.view(process_set, "broadcast")
+    return _Broadcast.apply(tensor, root_rank, name, process_set)
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=M.global_process_set):
@@ -137,16 +153,16 @@ def broadcast_(tensor, root_rank, name=None, process_set=M.global_process_set):
 
 class _Alltoall(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, splits, name):
-        out, recv = _now(lambda: M.alltoall_async(tensor, splits, name=name))
-        ctx.recv = recv
+    def forward(ctx, tensor, splits, name, ps):
+        out, recv = _now(lambda: M.alltoall_async(tensor, splits, name=name, process_set=ps))
+        ctx.recv, ctx.ps = recv, ps
         ctx.mark_non_differentiable(recv)
         return out, recv
 
     @staticmethod
     def backward(ctx, grad, _recv_grad):
-        back, _ = alltoall(grad.contiguous(), splits=ctx.recv)
-        return back, None, None
+        back, _ = alltoall(grad.contiguous(), splits=ctx.recv, process_set=ctx.ps)
+        return back, None, None, None
 
 
 def alltoall(tensor, splits=None, name=None, process_set=M.global_process_set):
@@ -154,74 +170,82 @@ def alltoall(tensor, splits=None, name=None, process_set=M.global_process_set):
 
     Returns the received rows, and with `splits` also the received splits (int32).
     """
-    M._check_process_set(process_set)
-    out, recv = _Alltoall.apply(tensor, splits, name)
+    _state.view(process_set, "alltoall")
+    out, recv = _Alltoall.apply(tensor, splits, name, process_set)
     return out if splits is None else (out, recv)
 
 
 class _Reducescatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name, op, pre, post):
-        ctx.scale = pre * post * (_state.size() if op == M.Sum else 1)
+    def forward(ctx, tensor, name, op, pre, post, ps):
+        ctx.scale = pre * post * (_ps_size(ps) if op == M.Sum else 1)
+        ctx.ps = ps
         return _now(lambda: M.reducescatter_async(tensor, name=name, op=op, prescale_factor=pre,
-                                                   postscale_factor=post))
+                                                   postscale_factor=post, process_set=ps))
 
     @staticmethod
     def backward(ctx, grad):
-        gathered = _now(lambda: M.allgather_async(grad.contiguous()))
-        return gathered * ctx.scale, None, None, None, None
+        gathered = _now(lambda: M.allgather_async(grad.contiguous(), process_set=ctx.ps))
+        return gathered * ctx.scale, None, None, None, None, None
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=M.Average,
                   process_set=M.global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     """Reduce over every rank, keep this rank's rows of dim 0 (the first ranks get one extra)."""
-    M._check_process_set(process_set)
+    _state.view(process_set, "reducescatter")
     op = M.handle_average_backwards_compatibility(op, None)
     compressed, cctx = compression.compress(tensor)
-    out = _Reducescatter.apply(compressed, name, op, prescale_factor, postscale_factor)
+    out = _Reducescatter.apply(compressed, name, op, prescale_factor, postscale_factor,
+                               process_set)
     return compression.decompress(out, cctx)
 
 
 class _GroupedAllgather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, name, *tensors):
-        ctx.rows = [t.shape[0] if t.dim() else 1 for t in tensors]
-        return tuple(_now(lambda: M.grouped_allgather_async(list(tensors), name=name)))
+    def forward(ctx, name, ps, *tensors):
+        ctx.rows, ctx.ps = [t.shape[0] if t.dim() else 1 for t in tensors], ps
+        return tuple(_now(lambda: M.grouped_allgather_async(list(tensors), name=name,
+                                                            process_set=ps)))
 
     @staticmethod
     def backward(ctx, *grads):
-        reduced = grouped_allreduce(list(grads), op=M.Average)
-        rows = _now(lambda: M.allgather_async(torch.tensor([ctx.rows], dtype=torch.int64)))
-        offsets = rows[:_state.rank()].sum(0).tolist()
-        return (None, *[g.narrow(0, off, n) for g, off, n in zip(reduced, offsets, ctx.rows)])
+        ps = ctx.ps
+        reduced = grouped_allreduce(list(grads), op=M.Average, process_set=ps)
+        rows = _now(lambda: M.allgather_async(torch.tensor([ctx.rows], dtype=torch.int64),
+                                              process_set=ps))
+        offsets = rows[:_ps_rank(ps)].sum(0).tolist()
+        return (None, None, *[g.narrow(0, off, n) for g, off, n in zip(reduced, offsets, ctx.rows)])
 
 
 def grouped_allgather(tensors, name=None, process_set=M.global_process_set):
     """allgather of each tensor, as one group."""
-    M._check_process_set(process_set)
-    return list(_GroupedAllgather.apply(name, *tensors))
+    _state.view(process_set, "grouped_allgather")
+    return list(_GroupedAllgather.apply(name, process_set, *tensors))
 
 
 class _GroupedReducescatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, name, op, pre, post, *tensors):
-        ctx.scale = pre * post * (_state.size() if op == M.Sum else 1)
+    def forward(ctx, name, op, pre, post, ps, *tensors):
+        ctx.scale = pre * post * (_ps_size(ps) if op == M.Sum else 1)
+        ctx.ps = ps
         return tuple(_now(lambda: M.grouped_reducescatter_async(
-            list(tensors), name=name, op=op, prescale_factor=pre, postscale_factor=post)))
+            list(tensors), name=name, op=op, prescale_factor=pre, postscale_factor=post,
+            process_set=ps)))
 
     @staticmethod
     def backward(ctx, *grads):
-        gathered = _now(lambda: M.grouped_allgather_async([g.contiguous() for g in grads]))
-        return (None, None, None, None, *[g * ctx.scale for g in gathered])
+        gathered = _now(lambda: M.grouped_allgather_async([g.contiguous() for g in grads],
+                                                          process_set=ctx.ps))
+        return (None, None, None, None, None, *[g * ctx.scale for g in gathered])
 
 
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=M.Average,
                           process_set=M.global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0):
     """reducescatter of each tensor, as one group."""
-    M._check_process_set(process_set)
+    _state.view(process_set, "grouped_reducescatter")
     op = M.handle_average_backwards_compatibility(op, None)
     pairs = [compression.compress(t) for t in tensors]
-    out = _GroupedReducescatter.apply(name, op, prescale_factor, postscale_factor,
+    out = _GroupedReducescatter.apply(name, op, prescale_factor, postscale_factor, process_set,
                                       *[c for c, _ in pairs])
     return [compression.decompress(o, cctx) for o, (_, cctx) in zip(out, pairs)]
