@@ -258,6 +258,9 @@ class ProcessSetTable:
 
     def _register(self, ps: ProcessSet, mask: np.ndarray, comm) -> ProcessSet:
         ranks = np.flatnonzero(mask).tolist()
+        if ranks == self.global_set.ranks:
+            raise ValueError(f"add_process_set: ranks {ranks} are the global process set "
+                             "(hvd.global_process_set); use that one")
         with self._lock:
             for view in self._views.values():
                 if view.ranks == ranks:
@@ -311,6 +314,8 @@ class ProcessSetTable:
         """
         if ps is None or ps is self.global_set:
             return None
+        if isinstance(ps, SetView):  # resolved already (an adapter's internal call)
+            return ps
         set_id = getattr(ps, "process_set_id", False)
         if set_id == 0:
             return None

@@ -15,7 +15,9 @@ from typing import Optional
 
 import numpy as np
 
-from ..tensorflow import (Adasum, Average, Compression, Max, Min, Product, Sum, allgather_object,
+from ..tensorflow import (Adasum, Average, Compression, Max, Min, Product, ProcessSet, Sum,
+                          add_process_set, allgather_object, global_process_set,
+                          remove_process_set,
                           barrier, broadcast_global_variables, broadcast_object,
                           broadcast_variables, ccl_built, cross_rank, cross_size, cuda_built,
                           ddl_built, gloo_built, gloo_enabled, init, is_homogeneous,
@@ -36,31 +38,35 @@ __all__ = [
     "DistributedOptimizer", "PartialDistributedOptimizer", "load_model", "callbacks",
     "broadcast_global_variables", "mpi_threads_supported", "mpi_enabled", "mpi_built",
     "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
-    "rocm_built",
+    "rocm_built", "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
 ]
 
 
 def allreduce(value, name: Optional[str] = None, average=None, prescale_factor: float = 1.0,
-              postscale_factor: float = 1.0, op=None, compression=Compression.none) -> np.ndarray:
+              postscale_factor: float = 1.0, op=None, compression=Compression.none,
+              process_set=global_process_set) -> np.ndarray:
     """`value` reduced over ranks (default: Average), as a numpy array."""
     return np.asarray(_ops.allreduce(value, average=average, compression=compression, op=op,
                                      prescale_factor=prescale_factor,
-                                     postscale_factor=postscale_factor, name=name))
+                                     postscale_factor=postscale_factor, name=name,
+                                     process_set=process_set))
 
 
-def allgather(value, name: Optional[str] = None) -> np.ndarray:
+def allgather(value, name: Optional[str] = None, process_set=global_process_set) -> np.ndarray:
     """Every rank's `value` concatenated along dim 0, as a numpy array."""
-    return np.asarray(_ops.allgather(value, name=name))
+    return np.asarray(_ops.allgather(value, name=name, process_set=process_set))
 
 
-def broadcast(value, root_rank: int = 0, name: Optional[str] = None) -> np.ndarray:
+def broadcast(value, root_rank: int = 0, name: Optional[str] = None,
+              process_set=global_process_set) -> np.ndarray:
     """root_rank's `value`, as a numpy array."""
-    return np.asarray(_ops.broadcast(value, root_rank, name=name))
+    return np.asarray(_ops.broadcast(value, root_rank, name=name, process_set=process_set))
 
 
-def reducescatter(value, name: Optional[str] = None, op=Average) -> np.ndarray:
+def reducescatter(value, name: Optional[str] = None, op=Average,
+                  process_set=global_process_set) -> np.ndarray:
     """`value` reduced over ranks; this rank's block of rows, as a numpy array."""
-    return np.asarray(_ops.reducescatter(value, op=op, name=name))
+    return np.asarray(_ops.reducescatter(value, op=op, name=name, process_set=process_set))
 
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None,

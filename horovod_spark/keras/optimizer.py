@@ -79,10 +79,10 @@ def make_distributed(optimizer, compression=Compression.none, sparse_as_dense: b
                      backward_passes_per_step: int = 1, op=Average,
                      gradient_predivide_factor: float = 1.0,
                      average_aggregated_gradients: bool = False, num_groups: int = 0,
-                     groups=None):
+                     groups=None, process_set=None):
     """Turn `optimizer` itself into a distributed one, keeping its state (for load_model)."""
     reducer = GradientReducer("DistributedOptimizer", compression, sparse_as_dense, op,
-                              gradient_predivide_factor, num_groups, groups)
+                              gradient_predivide_factor, num_groups, groups, process_set)
     if reducer.op is Adasum and average_aggregated_gradients:
         raise ValueError("DistributedOptimizer: Adasum does not average aggregated gradients; "
                          "pass average_aggregated_gradients=False")
@@ -100,7 +100,7 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, device_dense: st
                          sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
                          op=Average, backward_passes_per_step: int = 1,
                          average_aggregated_gradients: bool = False, num_groups: int = 0,
-                         groups=None):
+                         groups=None, process_set=None):
     """A new optimizer, configured like `optimizer`, that averages gradients over ranks.
 
     Args:
@@ -113,6 +113,8 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, device_dense: st
         backward_passes_per_step: sum this many passes locally before one reduction.
         average_aggregated_gradients: divide the local sum by backward_passes_per_step.
         gradient_predivide_factor, num_groups, groups: as in Horovod.
+        process_set: the ranks that average (every rank by default); only its members
+            train with this optimizer.
     """
     import keras
 
@@ -127,7 +129,7 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, device_dense: st
     fresh = type(optimizer).from_config(config)
     return make_distributed(fresh, compression, sparse_as_dense, backward_passes_per_step, op,
                             gradient_predivide_factor, average_aggregated_gradients, num_groups,
-                            groups)
+                            groups, process_set)
 
 
 def PartialDistributedOptimizer(optimizer, name: Optional[str] = None, device_dense: str = "",
@@ -136,7 +138,8 @@ def PartialDistributedOptimizer(optimizer, name: Optional[str] = None, device_de
                                 gradient_predivide_factor: float = 1.0, op=Average,
                                 backward_passes_per_step: int = 1,
                                 average_aggregated_gradients: bool = False, groups=None,
-                                local_layers=None, scale_local_gradients: bool = True):
+                                local_layers=None, scale_local_gradients: bool = True,
+                                process_set=None):
     """DistributedOptimizer whose `local_layers`' gradients stay on each rank (divided by
     the world size unless scale_local_gradients=False), as Horovod's."""
     from ..tensorflow.gradient_tape import local_variables_of
@@ -145,7 +148,7 @@ def PartialDistributedOptimizer(optimizer, name: Optional[str] = None, device_de
     opt = DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression,
                                sparse_as_dense, gradient_predivide_factor, op,
                                backward_passes_per_step, average_aggregated_gradients,
-                               groups=groups)
+                               groups=groups, process_set=process_set)
     for v in local:
         opt._hvd.reducer.register_local(v)
     opt._hvd.reducer.scale_local = bool(scale_local_gradients)

@@ -27,9 +27,10 @@ from .functions import (allgather_object, broadcast_, broadcast_global_variables
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from .grouped_ops import grouped_allgather, grouped_reducescatter
 from .sync_batch_norm import SyncBatchNormalization
-from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allreduce, alltoall,
-                      barrier, broadcast, grouped_allreduce, join, local_rank_op, local_size_op,
-                      rank_op, reducescatter, size_op)
+from .mpi_ops import (Adasum, Average, Max, Min, Product, ProcessSet, Sum, add_process_set,
+                      allgather, allreduce, alltoall, barrier, broadcast, global_process_set,
+                      grouped_allreduce, join, local_rank_op, local_size_op, rank_op,
+                      reducescatter, remove_process_set, size_op)
 
 __all__ = [
     "elastic",
@@ -37,6 +38,7 @@ __all__ = [
     "cross_rank", "cross_size", "is_homogeneous", "start_timeline", "stop_timeline",
     "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
     "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "Average", "Sum", "Min", "Max", "Product", "Adasum",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
     "barrier", "join", "size_op", "rank_op", "local_size_op", "local_rank_op",
     "broadcast_variables", "broadcast_global_variables", "broadcast_object", "allgather_object",
@@ -53,7 +55,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense: str = "", device_sp
                          backward_passes_per_step: int = 1, op=Average,
                          gradient_predivide_factor: float = 1.0,
                          average_aggregated_gradients: bool = False, num_groups: int = 0,
-                         groups=None):
+                         groups=None, process_set=None):
     """Wrap a Keras 3 optimizer (see horovod_spark.keras.DistributedOptimizer)."""
     import keras
 
@@ -67,4 +69,4 @@ def DistributedOptimizer(optimizer, name=None, device_dense: str = "", device_sp
                  backward_passes_per_step=backward_passes_per_step, op=op,
                  gradient_predivide_factor=gradient_predivide_factor,
                  average_aggregated_gradients=average_aggregated_gradients,
-                 num_groups=num_groups, groups=groups)
+                 num_groups=num_groups, groups=groups, process_set=process_set)

@@ -40,3 +40,33 @@ communicator, engine = STATE.communicator, STATE.engine
 rank, size, local_rank, local_size = STATE.rank, STATE.size, STATE.local_rank, STATE.local_size
 cross_rank, cross_size, is_homogeneous = STATE.cross_rank, STATE.cross_size, STATE.is_homogeneous
 start_timeline, stop_timeline = STATE.start_timeline, STATE.stop_timeline
+global_process_set = STATE.global_process_set
+add_process_set, remove_process_set = STATE.add_process_set, STATE.remove_process_set
+
+
+def view(process_set, what: str):
+    """The process set an op runs on: None for the global set, else its view
+    (`horovod_spark._psets.SetView`).
+
+    Raises:
+        ValueError: not a registered set, or this rank is not one of its members.
+    """
+    return STATE.process_set(process_set, what)
+
+
+def engine_of(ps):
+    """The engine an op on `ps` (a view, None: the global set) submits to."""
+    return engine() if ps is None else ps
+
+
+def size_of(ps) -> int:
+    return size() if ps is None else ps.size
+
+
+def rank_of(ps) -> int:
+    return rank() if ps is None else ps.rank
+
+
+def root_of(ps, world_root: int, what: str) -> int:
+    """A root given as a world rank, as the set numbers it."""
+    return int(world_root) if ps is None else ps.root(int(world_root), what)

@@ -34,13 +34,13 @@ _counters: dict = {}
 _sites: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def op_name(kind: str, tensor, name: Optional[str]) -> str:
-    """The name an op travels under."""
+def op_name(kind: str, tensor, name: Optional[str], ps=None) -> str:
+    """The name an op travels under (eager counts per process set `ps`, a view or None)."""
     if name:
         return str(name)
     if not tf.executing_eagerly() and hasattr(tensor, "name"):
         return f"{kind}.{tensor.name}"
-    counter = _counters.setdefault(kind, itertools.count())
+    counter = _counters.setdefault(kind if ps is None else (kind, ps.tag), itertools.count())
     return f"{kind}.noname.{next(counter)}"
 
 

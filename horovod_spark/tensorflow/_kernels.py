@@ -56,8 +56,7 @@ class _IntPlan:
         self.op = ReduceOp.SUM if self.average else op
         self.post = post
 
-    def finish(self, r: np.ndarray) -> np.ndarray:
-        n = _basics.size()
+    def finish(self, r: np.ndarray, n: int) -> np.ndarray:
         if self.post != 1.0:  # one scaling: Horovod folds 1/size into the postscale
             return _scale_int(r, self.post / (n if self.average else 1))
         if self.average:  # toward zero, exactly (no float64 round trip)
@@ -83,9 +82,10 @@ def _submit_reduce(eng, kind: str, name: str, a: np.ndarray, op: ReduceOp, pre: 
 
 
 def allreduce_group(arrays: Sequence[np.ndarray], names: Sequence[str], op: ReduceOp,
-                    prescale: float = 1.0, postscale: float = 1.0) -> list:
-    """Reduce every array over ranks; returns new arrays in the same order."""
-    eng = _basics.engine()
+                    prescale: float = 1.0, postscale: float = 1.0, ps=None) -> list:
+    """Reduce every array over ranks (of the process set `ps`, a view; None: every rank);
+    returns new arrays in the same order.  Every kernel here takes `ps` alike."""
+    eng = _basics.engine_of(ps)
     op = ReduceOp(op)
     pending = []
     for a, name in zip(arrays, names):
@@ -95,16 +95,16 @@ def allreduce_group(arrays: Sequence[np.ndarray], names: Sequence[str], op: Redu
     out = []
     for handle, shape, plan in pending:
         r = np.asarray(handle.wait()).reshape(shape)
-        out.append(r if plan is None else plan.finish(r))
+        out.append(r if plan is None else plan.finish(r, _basics.size_of(ps)))
     return out
 
 
 def adasum_group(arrays: Sequence[np.ndarray], names: Sequence[str], prescale: float = 1.0,
-                 postscale: float = 1.0) -> list:
+                 postscale: float = 1.0, ps=None) -> list:
     """Adasum of every array over ranks, each on its own (see collectives.adasum): one
     allgather per array, then every rank runs the same tree on the gathered rows."""
-    eng = _basics.engine()
-    n = _basics.size()
+    eng = _basics.engine_of(ps)
+    n = _basics.size_of(ps)
     handles = []
     for a, name in zip(arrays, names):
         flat = np.ascontiguousarray(a).reshape(-1)
@@ -119,59 +119,60 @@ def adasum_group(arrays: Sequence[np.ndarray], names: Sequence[str], prescale: f
     return out
 
 
-def broadcast_group(arrays: Sequence[np.ndarray], names: Sequence[str], root: int) -> list:
-    """Every array as root has it; returns new arrays."""
-    eng = _basics.engine()
+def broadcast_group(arrays: Sequence[np.ndarray], names: Sequence[str], root: int,
+                    ps=None) -> list:
+    """Every array as root (a set rank) has it; returns new arrays."""
+    eng = _basics.engine_of(ps)
     handles = [eng.submit(n, "broadcast", _moved(np.array(a, copy=True)), root=root, lazy=True,
                           strict_join=True) for a, n in zip(arrays, names)]  # a copy: the engine broadcasts in place
     return [np.asarray(h.wait()).view(np.asarray(a).dtype).reshape(np.shape(a))
             for h, a in zip(handles, arrays)]
 
 
-def allgather(x: np.ndarray, name: str) -> np.ndarray:
+def allgather(x: np.ndarray, name: str, ps=None) -> np.ndarray:
     """Every rank's x concatenated along dim 0 (first dims may differ)."""
-    out = _basics.engine().submit(name, "allgather", _moved(x), lazy=True,
-                                  strict_join=True).wait()
+    out = _basics.engine_of(ps).submit(name, "allgather", _moved(x), lazy=True,
+                                       strict_join=True).wait()
     return np.asarray(out).view(np.asarray(x).dtype)
 
 
-def alltoall(x: np.ndarray, splits: Optional[Sequence[int]], name: str):
+def alltoall(x: np.ndarray, splits: Optional[Sequence[int]], name: str, ps=None):
     """Rows splits[j] go to rank j; returns (received rows, received splits as int32)."""
-    out, recv = _basics.engine().submit(name, "alltoall", _moved(x), splits=splits,
-                                        lazy=True).wait()
+    out, recv = _basics.engine_of(ps).submit(name, "alltoall", _moved(x), splits=splits,
+                                             lazy=True).wait()
     return np.asarray(out).view(np.asarray(x).dtype), np.asarray(recv, dtype=np.int32)
 
 
-def allgather_group(arrays: Sequence[np.ndarray], names: Sequence[str]) -> list:
+def allgather_group(arrays: Sequence[np.ndarray], names: Sequence[str], ps=None) -> list:
     """allgather of every array, submitted together (fused) and waited for together."""
-    eng = _basics.engine()
+    eng = _basics.engine_of(ps)
     handles = [eng.submit(n, "allgather", _moved(a), lazy=True, strict_join=True)
                for a, n in zip(arrays, names)]
     return [np.asarray(h.wait()).view(np.asarray(a).dtype) for h, a in zip(handles, arrays)]
 
 
 def reducescatter_group(arrays: Sequence[np.ndarray], names: Sequence[str], op: ReduceOp,
-                        prescale: float = 1.0, postscale: float = 1.0) -> list:
+                        prescale: float = 1.0, postscale: float = 1.0, ps=None) -> list:
     """reducescatter of every array, submitted together and waited for together."""
-    eng = _basics.engine()
+    eng = _basics.engine_of(ps)
     pending = [_submit_reduce(eng, "reducescatter", n, np.ascontiguousarray(a), ReduceOp(op),
                               prescale, postscale) for a, n in zip(arrays, names)]
     outs = [(np.asarray(h.wait()), plan) for h, plan in pending]
-    return [o if plan is None else plan.finish(o) for o, plan in outs]
+    return [o if plan is None else plan.finish(o, _basics.size_of(ps)) for o, plan in outs]
 
 
 def reducescatter(x: np.ndarray, op: ReduceOp, name: str, prescale: float = 1.0,
-                  postscale: float = 1.0) -> np.ndarray:
+                  postscale: float = 1.0, ps=None) -> np.ndarray:
     """Reduce over ranks, keep this rank's rows (the first ranks get one extra row)."""
-    handle, plan = _submit_reduce(_basics.engine(), "reducescatter", name,
+    handle, plan = _submit_reduce(_basics.engine_of(ps), "reducescatter", name,
                                   np.ascontiguousarray(x), ReduceOp(op), prescale, postscale)
     out = np.asarray(handle.wait())
-    return out if plan is None else plan.finish(out)
+    return out if plan is None else plan.finish(out, _basics.size_of(ps))
 
 
-def barrier() -> None:
+def barrier(ps=None) -> None:
     """Return once every rank has called barrier()."""
-    _basics.engine().submit("barrier", "barrier", lazy=True).wait()
+    _basics.engine_of(ps).submit("barrier", "barrier", lazy=True).wait()
 
 
 def join() -> int:
@@ -179,20 +180,21 @@ def join() -> int:
     return int(_basics.engine().join())
 
 
-def broadcast_object(obj, root: int, name: str):
-    """root's obj on every rank (cloudpickled; every peer is authenticated)."""
-    comm = _basics.communicator()
-    blob = cloudpickle.dumps(obj) if comm.rank == root else b""
-    n = broadcast_group([np.array([len(blob)], np.int64)], [f"{name}.size"], root)[0]
-    buf = np.frombuffer(blob, np.uint8) if comm.rank == root else np.zeros(int(n[0]), np.uint8)
-    buf = broadcast_group([buf], [name], root)[0]
-    return obj if comm.rank == root else cloudpickle.loads(buf.tobytes())
+def broadcast_object(obj, root: int, name: str, ps=None):
+    """root's (a world rank) obj on every rank (cloudpickled; every peer is authenticated)."""
+    me = _basics.rank() == root
+    sroot = _basics.root_of(ps, root, "broadcast_object")
+    blob = cloudpickle.dumps(obj) if me else b""
+    n = broadcast_group([np.array([len(blob)], np.int64)], [f"{name}.size"], sroot, ps)[0]
+    buf = np.frombuffer(blob, np.uint8) if me else np.zeros(int(n[0]), np.uint8)
+    buf = broadcast_group([buf], [name], sroot, ps)[0]
+    return obj if me else cloudpickle.loads(buf.tobytes())
 
 
-def allgather_object(obj, name: str) -> list:
+def allgather_object(obj, name: str, ps=None) -> list:
     """Every rank's obj, in rank order."""
     blob = np.frombuffer(cloudpickle.dumps(obj), np.uint8)
-    sizes = allgather(np.array([blob.size], np.int64), f"{name}.size")
-    data = allgather(blob, name).tobytes()
+    sizes = allgather(np.array([blob.size], np.int64), f"{name}.size", ps)
+    data = allgather(blob, name, ps).tobytes()
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     return [cloudpickle.loads(data[offsets[r]:offsets[r + 1]]) for r in range(len(sizes))]

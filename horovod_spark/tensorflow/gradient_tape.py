@@ -38,8 +38,9 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
                             device_sparse: str = "", compression=Compression.none,
                             sparse_as_dense: bool = False, op=Average,
                             gradient_predivide_factor: float = 1.0, num_groups: int = 0,
-                            groups=None, scale_local_gradients: bool = True) -> tf.GradientTape:
-    """A tape that averages (op) its gradients over every rank.
+                            groups=None, scale_local_gradients: bool = True,
+                            process_set=None) -> tf.GradientTape:
+    """A tape that averages (op) its gradients over every rank (of `process_set`).
 
     Args:
         gradtape: the tape that recorded the forward pass.
@@ -50,6 +51,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
         gradient_predivide_factor: divide by this before the sum and by size/this after.
         num_groups, groups: split the fused gradient allreduce into several (Horovod's rules).
         scale_local_gradients: divide the gradients of local sources by the world size.
+        process_set: the ranks that average (every rank by default).
     """
     if not isinstance(gradtape, tf.GradientTape):
         raise TypeError(f"DistributedGradientTape wraps a tf.GradientTape, got {type(gradtape).__name__}")
@@ -60,7 +62,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)
     tape._hvd_reducer = GradientReducer("DistributedGradientTape", compression, sparse_as_dense,
-                                        op, gradient_predivide_factor, num_groups, groups)
+                                        op, gradient_predivide_factor, num_groups, groups,
+                                        process_set)
     tape._hvd_reducer.scale_local = bool(scale_local_gradients)
     return tape
 
@@ -85,11 +88,12 @@ def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str 
                                    sparse_as_dense: bool = False, op=Average,
                                    gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                                    groups=None, local_layers=None,
-                                   scale_local_gradients: bool = True) -> tf.GradientTape:
+                                   scale_local_gradients: bool = True,
+                                   process_set=None) -> tf.GradientTape:
     """DistributedGradientTape whose `local_layers`' gradients stay on each rank."""
     tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
                                    sparse_as_dense, op, gradient_predivide_factor, num_groups,
-                                   groups, scale_local_gradients)
+                                   groups, scale_local_gradients, process_set)
     for v in local_variables_of(local_layers):
         tape.register_local_source(v)
     return tape

@@ -33,8 +33,10 @@ class GradientReducer:
 
     def __init__(self, prefix: str, compression=Compression.none, sparse_as_dense: bool = False,
                  op=Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
-                 groups=None) -> None:
+                 groups=None, process_set=None) -> None:
         self.prefix = prefix
+        self.process_set = process_set  # None or a ProcessSet: the ranks that average
+        _basics.view(process_set, prefix)  # a set this rank is not in: refused at once
         self.compression = compression
         self.sparse_as_dense = bool(sparse_as_dense)
         self.op = resolve_op(op, None)
@@ -56,17 +58,17 @@ class GradientReducer:
         """Keep `variable`'s gradient on this rank (not reduced)."""
         self._local[id(variable)] = variable
 
-    def _local_grad(self, g):
+    def _local_grad(self, g, ps):
         if not self.scale_local:
             return g
-        n = _basics.size()
+        n = _basics.size_of(ps)
         if isinstance(g, tf.IndexedSlices):
             return tf.IndexedSlices(g.values / tf.cast(n, g.values.dtype), g.indices, g.dense_shape)
         return g / tf.cast(n, g.dtype)
 
-    def _scaling(self):
+    def _scaling(self, ps):
         if self.op == Average and self.predivide != 1.0:
-            return Sum, 1.0 / self.predivide, self.predivide / _basics.size()
+            return Sum, 1.0 / self.predivide, self.predivide / _basics.size_of(ps)
         return self.op, 1.0, 1.0
 
     def _partition(self, dense: list, variables) -> list:
@@ -89,29 +91,30 @@ class GradientReducer:
         prefix = self.prefix + site_suffix(self.prefix)
         labels = [f"{prefix}.{i}." + (_label(variables[i], i) if variables is not None else "g")
                   for i in range(len(grads))]
-        op, pre, post = self._scaling()
+        ps = _basics.view(self.process_set, self.prefix)
+        op, pre, post = self._scaling(ps)
         out: list = [None] * len(grads)
         dense = []
         for i, g in enumerate(grads):
             if g is None:
                 continue
             if self._local and variables is not None and id(variables[i]) in self._local:
-                out[i] = self._local_grad(g)
+                out[i] = self._local_grad(g, ps)
                 continue
             if isinstance(g, tf.IndexedSlices) and not self.sparse_as_dense:
-                out[i] = allreduce_sparse(g, labels[i], op, pre, post)
+                out[i] = allreduce_sparse(g, labels[i], op, pre, post, ps)
                 continue
             dense.append(i)
         wires = {i: self.compression.compress(tf.convert_to_tensor(grads[i])) for i in dense}
         for part in self._partition(dense, variables):
             reduced = _allreduce_part([wires[i][0] for i in part], [labels[i] for i in part],
-                                      op, pre, post)
+                                      op, pre, post, ps)
             for i, r in zip(part, reduced):
                 out[i] = self.compression.decompress(r, wires[i][1])
         return out
 
 
-def _allreduce_part(xs: list, names: list, op, pre: float, post: float) -> list:
+def _allreduce_part(xs: list, names: list, op, pre: float, post: float, ps=None) -> list:
     """One group's reduced tensors.  A group of one dtype whose shapes are static
     travels packed: TensorFlow concatenates it into one flat tensor (one memcpy in
     C++), which crosses into Python and the engine as one op, and splits the result
@@ -121,8 +124,9 @@ def _allreduce_part(xs: list, names: list, op, pre: float, post: float) -> list:
     shapes = [x.shape for x in xs]
     if len(xs) < 2 or op is Adasum or len({x.dtype for x in xs}) > 1 or \
             not all(s.is_fully_defined() for s in shapes):
-        return allreduce_dense(xs, names, op, pre, post)
+        return allreduce_dense(xs, names, op, pre, post, ps)
     sizes = [s.num_elements() for s in shapes]
     flat = tf.concat([tf.reshape(x, [-1]) for x in xs], 0)
-    (reduced,) = allreduce_dense([flat], [f"{names[0]}+{len(xs) - 1}.packed"], op, pre, post)
+    (reduced,) = allreduce_dense([flat], [f"{names[0]}+{len(xs) - 1}.packed"], op, pre, post,
+                                 ps)
     return [tf.reshape(r, s) for r, s in zip(tf.split(reduced, sizes), shapes)]
