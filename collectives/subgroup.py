@@ -46,8 +46,6 @@ def sub_communicator(comm, ranks: Sequence[int], tag: str):
         NotSupported: `comm` was not bootstrapped through a store (the MPI backend).
         CollectiveError: a member never came (named, within the connect timeout).
     """
-    from .communicator import Communicator
-
     ranks = check_subset(ranks, comm.size)
     if comm.rank not in ranks:
         raise ValueError(f"rank {comm.rank}/{comm.size} is not in the subset {ranks}; only its "
@@ -58,5 +56,5 @@ def sub_communicator(comm, ranks: Sequence[int], tag: str):
             rank=comm.rank, size=comm.size, op="subset",
             hint="start the ranks with horovod_spark or collectives.launch rather than mpiexec"))
     host, bind_addr, secret = comm._boot
-    return Communicator.create(comm._store, ranks.index(comm.rank), len(ranks), host, bind_addr,
+    return type(comm).create(comm._store, ranks.index(comm.rank), len(ranks), host, bind_addr,
                                secret, f"{comm._prefix}/sub/{tag}", comm.config)
