@@ -33,9 +33,11 @@ __all__ = ["AdasumOptimizer"]
 class AdasumOptimizer:
     """Mixed in before the wrapped optimizer's class (see DistributedOptimizer)."""
 
-    def _hvd_adasum_setup(self, names: dict, compression, backward_passes_per_step: int) -> None:
+    def _hvd_adasum_setup(self, names: dict, compression, backward_passes_per_step: int,
+                          process_set=None) -> None:
         params = [p for group in self.param_groups for p in group["params"]]
         self._compression = compression
+        self._process_set = process_set  # the ranks whose deltas combine (None: every rank)
         self.backward_passes_per_step = int(backward_passes_per_step)
         self._adasum_params = list(dict.fromkeys(p for p in params if p.requires_grad))
         self._adasum_names = [f"DistributedOptimizer.adasum.{names[p]}"
@@ -52,10 +54,11 @@ class AdasumOptimizer:
         yield
 
     def step(self, closure=None):
-        if _state.size() == 1:  # the tree of one delta is that delta
+        ps = _state.view(self._process_set, "DistributedOptimizer(op=Adasum).step")
+        if _state.set_size(ps) == 1:  # the tree of one delta is that delta
             _state.record_step(0.0)
             return super().step(closure)
-        check_world(_state.size(), _state.rank(), "DistributedOptimizer(op=Adasum).step")
+        check_world(_state.set_size(ps), _state.set_rank(ps), "DistributedOptimizer(op=Adasum).step")
         params = self._adasum_params  # (checked before the local step changes them)
         start = [p.detach().clone() for p in params]
         loss = super().step(closure)
@@ -67,7 +70,7 @@ class AdasumOptimizer:
                 deltas.append(d)
                 ctxs.append(ctx)
             with _state.waiting_now():  # waited for just below
-                handles, finish = _adasum.submit(deltas, self._adasum_names, inplace=True)
+                handles, finish = _adasum.submit(deltas, self._adasum_names, inplace=True, ps=ps)
             combined = finish([h.wait() for h in handles])
             for p, s, d, ctx in zip(params, start, combined, ctxs):
                 p.copy_(s + self._compression.decompress(d, ctx))
@@ -80,10 +83,10 @@ class AdasumOptimizer:
 progress.count_steps_of(AdasumOptimizer)  # its steps are the training steps
 
 
-def wrap(optimizer, names: dict, compression, backward_passes_per_step: int):
+def wrap(optimizer, names: dict, compression, backward_passes_per_step: int, process_set=None):
     """`optimizer` as an instance of a subclass of its class, sharing its state."""
     cls = type(optimizer.__class__.__name__, (AdasumOptimizer, optimizer.__class__), {})
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
-    wrapped._hvd_adasum_setup(names, compression, backward_passes_per_step)
+    wrapped._hvd_adasum_setup(names, compression, backward_passes_per_step, process_set)
     return wrapped

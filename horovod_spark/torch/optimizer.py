@@ -324,7 +324,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if op is M.Adasum:
         params = [p for g in optimizer.param_groups for p in g["params"]]
         return adasum_optimizer.wrap(optimizer, _parameter_names(named_parameters, params),
-                                     compression, backward_passes_per_step)
+                                     compression, backward_passes_per_step, process_set)
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)

@@ -65,6 +65,12 @@ def _one_set_ops(hvd, ps):
     assert hvd.broadcast_object({"from": r}, members[-1], process_set=ps) == {"from": members[-1]}
     assert hvd.allgather_object(r * 3, process_set=ps) == [k * 3 for k in members]
     hvd.barrier(process_set=ps)
+    if m in (1, 2, 4):  # Adasum's tree over the members' rows only
+        from collectives.adasum import tree
+
+        rows = np.stack([data(k, (6,)).numpy() / 10 + k for k in members])
+        got = hvd.allreduce(torch.from_numpy(rows[me]), op=hvd.Adasum, process_set=ps)
+        assert np.allclose(got.numpy(), tree(rows), rtol=1e-6), (got, tree(rows))
     a = torch.ones(2, requires_grad=True)
     hvd.allgather(a * (r + 1), process_set=ps).sum().backward()
     assert a.grad.tolist() == [float(r + 1)] * 2, a.grad  # the averaged gradient's own rows
