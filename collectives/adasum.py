@@ -56,7 +56,11 @@ def combine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """The adaptive sum of two 1-d vectors of one dtype, in that dtype."""
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     dot = float(np.dot(a64, b64))
-    return (_coefficient(dot, a64) * a64 + _coefficient(dot, b64) * b64).astype(a.dtype)
+    ca, cb = _coefficient(dot, a64), _coefficient(dot, b64)
+    a64 *= ca  # in place: the same values as ca * a64 + cb * b64, without three temporaries
+    b64 *= cb
+    a64 += b64
+    return a64.astype(a.dtype)
 
 
 def _coefficient(dot: float, v: np.ndarray) -> float:
