@@ -31,7 +31,7 @@ def describe_topology(topo, tune: dict, cma: bool) -> str:
     leaders = [rs[0] for rs in groups.values()]
     shm = (f"shm one step up to {_kib(tune['small_bytes'])}, staged above"
            + (f", cross-memory attach from {_kib(tune['cma_bytes'])}"
-              if cma and tune["cma_bytes"] and len(groups) == 1 else ""))
+              if cma and tune["cma_bytes"] and len(groups) < topo.size else ""))
     tcp = (f"TCP ring between group leaders {' -> '.join(map(str, leaders))} "
            f"(chunks of {_kib(tune['tcp_chunk'])})" if len(leaders) > 1 else "no TCP")
     if len(groups) == topo.size:

@@ -98,16 +98,27 @@ TcpGroup Context::tcp_group(const std::vector<int>& members) {
                   seconds_to_ns(opt_.timeout_s), &staging_, &agree_, &stats_};
 }
 
-Status Context::hier_allreduce(const void* src, void* dst, size_t count, size_t elem, ReduceFn fn) {
-  if (shm_)
+// Reduce within each shared-memory group, ring between the group leaders, broadcast
+// within each group.  With `cma` the two shared-memory phases read the peers' buffers
+// in place (a few steps, not one per segment-sized piece: on a loaded machine each
+// step waits for the peer to be scheduled); a group where that does not work stages
+// through the segment.  The choice is the group's own: it changes nothing on the wire.
+Status Context::hier_allreduce(const void* src, void* dst, size_t count, size_t elem, ReduceFn fn,
+                               bool cma) {
+  bool used = false;
+  if (shm_ && cma) HVS_CHECK(shm_allreduce_cma(*shm_, src, dst, count, elem, fn, opt_.cma_chunk, &used));
+  if (shm_ && !used)
     HVS_CHECK(shm_allreduce(*shm_, src, dst, count, elem, fn, 0, opt_.small_bytes));
-  else if (dst != src && count)
+  else if (!shm_ && dst != src && count)
     std::memmove(dst, src, count * elem);
   if (is_member(leaders_, opt_.rank)) {
     TcpGroup g = tcp_group(leaders_);
     HVS_CHECK(ring_allreduce(g, static_cast<char*>(dst), static_cast<char*>(dst), count, elem, fn));
   }
-  if (shm_) HVS_CHECK(shm_broadcast(*shm_, {Span{static_cast<char*>(dst), count * elem}}, 0));
+  if (!shm_) return Status();
+  used = false;
+  if (cma) HVS_CHECK(shm_broadcast_cma(*shm_, static_cast<char*>(dst), count * elem, 0, &used));
+  if (!used) HVS_CHECK(shm_broadcast(*shm_, {Span{static_cast<char*>(dst), count * elem}}, 0));
   return Status();
 }
 
@@ -127,8 +138,9 @@ Status Context::allreduce(const void* src, void* dst, size_t count, DType dt, Re
   }
   // The algorithm is part of the tag: ranks that would take different ones (their
   // cma_bytes differ) fail with a MismatchError instead of reading garbage.
-  const bool cma = leaders_.empty() && opt_.cma_bytes && count * elem >= opt_.cma_bytes &&
-                   shm_->cma() != ShmGroup::Cma::kOff;
+  const bool large = shm_ && opt_.cma_bytes && count * elem >= opt_.cma_bytes &&
+                     shm_->cma() != ShmGroup::Cma::kOff;
+  const bool cma = leaders_.empty() && large;
   tag(OpTag{OpTag::kAllreduce, static_cast<int>(dt), static_cast<int>(op), -1, count,
             cma ? kCmaDigest : 0});
   if (cma) {
@@ -138,7 +150,7 @@ Status Context::allreduce(const void* src, void* dst, size_t count, DType dt, Re
   }
   if (leaders_.empty())
     return shm_allreduce(*shm_, src, dst, count, elem, fn, -1, opt_.small_bytes);
-  HVS_CHECK(hier_allreduce(src, dst, count, elem, fn));
+  HVS_CHECK(hier_allreduce(src, dst, count, elem, fn, large));
   return Status();
 }
 

@@ -76,7 +76,8 @@ class Context {
   Status check_usable();       // also starts the op: every op counts (Agreement::seq)
   void tag(const OpTag& t);  // what this op is, for the shm and TCP agreement checks
   TcpGroup tcp_group(const std::vector<int>& members);
-  Status hier_allreduce(const void* src, void* dst, size_t count, size_t elem, ReduceFn fn);
+  Status hier_allreduce(const void* src, void* dst, size_t count, size_t elem, ReduceFn fn,
+                        bool cma = false);
 
   ContextOptions opt_;
   std::vector<Link> links_;

@@ -64,9 +64,10 @@ def test_every_op_matches_numpy_over_forced_tcp(size):
     assert all(r["local_size"] == 1 and r["cross_size"] == size for r in results)
 
 
+@pytest.mark.parametrize("tuning", [None, CMA_EVERYWHERE], ids=["default", "cma"])
 @pytest.mark.parametrize("hosts", [("a", "a", "b", "b"), ("a", "b", "a")], ids=["aabb", "aba"])
-def test_every_op_matches_numpy_across_two_fake_hosts(hosts):
-    results = _suite_on(len(hosts), hosts=list(hosts))
+def test_every_op_matches_numpy_across_two_fake_hosts(hosts, tuning):
+    results = _suite_on(len(hosts), hosts=list(hosts), tuning=tuning)
     assert [r["cross_size"] for r in results] == [2] * len(hosts)
     assert [r["local_size"] for r in results] == [hosts.count(h) for h in hosts]
 
@@ -95,6 +96,13 @@ def _agree_on_cma(refuse: int, cma_bytes: dict):
 def test_one_rank_that_refuses_cross_memory_attach_makes_every_rank_stage():
     results = run_local(_agree_on_cma, 3, args=(1, {}), timeout=120)
     assert results == [{"ok": True, "cma": "off"}] * 3
+
+
+def test_hosts_that_differ_on_cross_memory_attach_still_sum_exactly():
+    """Host a's ranks stage through their segment (rank 0 refuses cross-memory attach),
+    host b's read each other's buffers: a choice within a host, nothing on the wire."""
+    results = run_local(_agree_on_cma, 4, args=(0, {}), hosts=["a", "a", "b", "b"], timeout=120)
+    assert results == [{"ok": True, "cma": c} for c in ("off", "off", "on", "on")], results
 
 
 def test_ranks_that_would_take_different_algorithms_fail_with_a_mismatch():

@@ -198,4 +198,27 @@ Status shm_allreduce_cma(ShmGroup& g, const void* src, void* dst, size_t count, 
   return Status();
 }
 
+// Broadcast: every rank posts its buffer's address; the others read root's in one
+// call each, then post; root returns (and lets its caller reuse the buffer) once
+// every peer has posted that it is done reading.
+Status shm_broadcast_cma(ShmGroup& g, char* buf, size_t len, int root, bool* used) {
+  *used = false;
+  if (g.cma() != ShmGroup::Cma::kOn) return Status();  // the same verdict on every rank
+  HVS_CHECK(g.begin_step());
+  Addresses mine{reinterpret_cast<uint64_t>(buf), reinterpret_cast<uint64_t>(buf), 1};
+  std::memcpy(g.buffer(g.me()), &mine, sizeof mine);
+  g.post();
+  HVS_CHECK(g.wait_step_all());
+  if (g.me() != root && len) {
+    Addresses at;
+    std::memcpy(&at, g.buffer(root), sizeof at);
+    HVS_CHECK(read_peer(g, root, buf, at.dst, len));
+  }
+  g.post();  // done reading root's buffer
+  HVS_CHECK(g.wait_all(g.phase()));
+  g.end_step();
+  *used = true;
+  return Status();
+}
+
 }  // namespace hvs

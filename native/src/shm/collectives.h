@@ -22,6 +22,11 @@ Status shm_allreduce(ShmGroup& g, const void* src, void* dst, size_t count, size
 Status shm_allreduce_cma(ShmGroup& g, const void* src, void* dst, size_t count, size_t elem,
                          ReduceFn fn, size_t chunk_bytes, bool* used);
 
+// The same as shm_broadcast of one span, each rank reading root's buffer in place by
+// cross-memory attach: *used is false, having changed nothing, unless the group has
+// already agreed to use it (shm_allreduce_cma's probe).
+Status shm_broadcast_cma(ShmGroup& g, char* buf, size_t len, int root, bool* used);
+
 // The spans of local rank `root` are copied into the same spans of every
 // other rank (every rank passes spans of the same lengths).
 Status shm_broadcast(ShmGroup& g, const std::vector<Span>& spans, int root);
