@@ -76,6 +76,10 @@ _BARRIER_TASK = re.compile(r"barrier task ResultTask\(\d+, (\d+)\) finished unsu
 # Spark's words for a lost executor, kept verbatim: "ExecutorLostFailure (executor 1 exited
 # caused by one of the running tasks) Reason: Command exited with code 137"
 _EXECUTOR_LOST = re.compile(r"ExecutorLostFailure \(executor (\S+)[^\n]*")
+_EXECUTOR_DIED = ("the executor's JVM died (exit code 137 is SIGKILL: often the OOM killer or "
+                  "the cluster manager; check its memory and its Worker's log)")
+_WORKER_LOST = ("the cluster manager lost the Worker on that host, and its executors with it "
+                "(the Worker's process died, or its host or network went down); check that host")
 _TASK_HOST = re.compile(r"\(([^\s()]+) executor \S+\)")
 
 
@@ -93,8 +97,7 @@ def spark_failure(text: str, np_: int) -> Failure:
         return Failure(int(task.group(1)) if task else None, "ExecutorLost",
                        f"executor {lost.group(1)} was lost: {lost.group(0).strip()[:1000]}",
                        size=np_, host=where.group(1) if where else None,
-                       hint="the executor's JVM died (exit code 137 is SIGKILL: often the OOM "
-                            "killer or the cluster manager; check its memory and its Worker's log)")
+                       hint=_WORKER_LOST if "worker lost" in lost.group(0) else _EXECUTOR_DIED)
     if "maxResultSize" in text:
         return Failure(int(task.group(1)) if task else None, "ResultTooLarge", message[:2000],
                        size=np_, hint="the ranks' results together are over "

@@ -45,6 +45,18 @@ def test_a_lost_executor_keeps_sparks_reason_and_names_the_executor():
     assert "exited with code 137" in f.message and "executor 1" in f.message
 
 
+LOST_WORKER = """Could not recover from a failed barrier ResultStage. Most recent failure reason: \
+Stage failed because barrier task ResultTask(0, 3) finished unsuccessfully.
+ExecutorLostFailure (executor 2 exited unrelated to the running tasks) Reason: worker lost: \
+10.213.7.13:34191 got disassociated"""
+
+
+def test_a_lost_worker_is_named_as_the_workers_loss_not_as_an_executor_killed():
+    f = spark_failure(LOST_WORKER, 4)
+    assert f.rank == 3 and f.error_type == "ExecutorLost" and "worker lost" in f.message
+    assert "lost the Worker" in f.hint and "SIGKILL" not in f.hint, f.hint
+
+
 def test_a_partition_between_two_reporting_hosts_names_the_pair_not_one_rank():
     # both leaders still reach the driver and each names the other; their local ranks
     # report their own leader through shared memory first
