@@ -1,21 +1,30 @@
 """A zygote: a process that has imported a job's heavy modules and forks rank processes.
 
-    python -m collectives.launch.zygote FD [MODULE ...]
+    python -m collectives.launch.zygote FD [--listen NAME --anchor PID] [MODULE ...]
 
 Importing torch takes 1.5-3 s of CPU per process; a rank process forked from a
 process that has already imported it starts in a few milliseconds.  The
 zygote is started by its *owner* (`horovod_spark._job.warm`, in the process that
-runs Spark tasks) with one end of an AF_UNIX SOCK_SEQPACKET socketpair as FD.
-That socket is the zygote's only channel: no address, nothing listens, and
-the kernel guarantees the peer is the owner that created the pair (so there is
-no one to authenticate, and nothing is unpickled: messages are JSON).
+runs Spark tasks) with one end of an AF_UNIX SOCK_SEQPACKET socketpair as FD,
+its first *connection*: the kernel guarantees that peer is the owner.  Nothing is
+unpickled: messages are JSON.
 
-Protocol (one JSON object per packet):
+A *shared* zygote (``--listen``) also listens on NAME, an abstract AF_UNIX address
+(no file), so that other processes of the same user can connect: each accepted
+connection is authenticated by the kernel's peer credentials (SO_PEERCRED: the
+same uid, or it is closed before a byte is read).  It leaves its starter (a second
+fork), so it outlives it, and lives as long as its *anchor*, the process PID (it
+exits when the anchor does).  It stops listening when a connection asks it to
+*retire* (a newer zygote takes its name), and exits once it has neither listener
+nor connection.
 
-  zygote -> owner  {"ready": [imported...], "failed": {module: error}}   once, after the imports
+Protocol (one JSON object per packet, on each connection):
+
+  zygote -> owner  {"ready": [imported...], "failed": {module: error}}   first, after the imports
   owner -> zygote  {"spawn": id, "env": {...}, "cwd": path}  + SCM_RIGHTS [stdout_w, stderr_w]
   zygote -> owner  {"spawn": id, "pid": pid}  or  {"spawn": id, "error": text}
   zygote -> owner  {"exit": pid, "status": rc}   rc as subprocess.Popen.returncode
+  owner -> zygote  {"retire": true}   stop listening (shared zygotes)
 
 A spawned child behaves as `python -m collectives.launch.worker` started with `env`
 and `cwd` would: its own session (its pid is its process group, so the owner
@@ -25,13 +34,13 @@ generator, torch's thread count from OMP_NUM_THREADS when the env sets it.
 The zygote answers with the pid only after the child has left the zygote's
 session, so a kill that follows the answer cannot miss it.
 
-Lifetime: the zygote dies with the owner's thread that started it
-(PR_SET_PDEATHSIG) and every child dies with the zygote, so killing the
-owner's process (Spark kills the Python worker of a killed task) leaves
-nothing behind; when the owner closes the socket, the zygote kills its
-children and exits; it also exits after `HOROVOD_SPARK_ZYGOTE_IDLE_S` seconds (default
-600) without a request or a living child.  Only fork-safe modules belong in
-the preload list: the owner never preloads TensorFlow, Keras or JAX.
+Lifetime: a private zygote dies with the owner's thread that started it
+(PR_SET_PDEATHSIG), a shared one with its anchor, and every child dies with the
+zygote.  When a connection closes (its owner's process was killed, or closed it),
+the zygote kills the children that connection asked for; a private zygote then
+exits.  A zygote also exits after `HOROVOD_SPARK_ZYGOTE_IDLE_S` seconds (default
+600) without a request or a living child.  Only fork-safe modules belong in the
+preload list: the owner never preloads TensorFlow, Keras or JAX.
 """
 from __future__ import annotations
 
@@ -41,9 +50,11 @@ import os
 import select
 import signal
 import socket
+import struct
 import sys
 import time
 import traceback
+from typing import Optional
 
 from ..settings import ZYGOTE_IDLE_S
 from .procs import die_with_parent
@@ -57,53 +68,87 @@ def returncode(status: int) -> int:
 
 
 class Zygote:
-    def __init__(self, sock: socket.socket, idle_s: float) -> None:
-        self.sock, self.idle_s = sock, idle_s
-        self.children: dict = {}  # pidfd -> pid
+    def __init__(self, sock: socket.socket, idle_s: float, greeting: dict,
+                 listener: Optional[socket.socket] = None, anchor: Optional[int] = None) -> None:
+        self.idle_s, self.greeting = idle_s, greeting
+        self.listener, self.anchor = listener, anchor  # anchor: a pidfd
+        self.conns: dict = {sock: set()}  # connection -> pidfds of the children it asked for
+        self.children: dict = {}  # pidfd -> (pid, connection)
         self.last = time.monotonic()
 
-    def send(self, obj: dict) -> None:
-        self.sock.send(json.dumps(obj).encode())
+    def send(self, conn: socket.socket, obj: dict) -> None:
+        try:
+            conn.send(json.dumps(obj).encode())
+        except OSError:  # it closed: its children are killed when select sees that
+            pass
 
     # -- the loop ----------------------------------------------------------
     def serve(self) -> int:
-        while True:
+        for conn in self.conns:
+            self.send(conn, self.greeting)
+        while self.conns or self.listener is not None:
             wait = max(self.idle_s - (time.monotonic() - self.last), 0.0) if not self.children \
                 else None
-            ready, _, _ = select.select([self.sock, *self.children], [], [], wait)
+            watched = [*self.conns, *self.children, *self._extra()]
+            ready, _, _ = select.select(watched, [], [], wait)
             if not ready and not self.children:
-                return 0  # idle for idle_s: give the memory back
+                break  # idle for idle_s: give the memory back
             for fd in ready:
-                if fd is self.sock:
-                    if not self.request():
-                        return self.close()
-                else:
+                if fd is self.listener:
+                    self.accept()
+                elif isinstance(fd, int) and fd == self.anchor:
+                    return self.close()
+                elif fd in self.conns:
+                    self.request(fd)
+                elif fd in self.children:
                     self.reap(fd)
             self.last = time.monotonic()
+        return self.close()
 
-    def request(self) -> bool:
+    def _extra(self) -> list:
+        return [fd for fd in (self.listener, self.anchor) if fd is not None]
+
+    def accept(self) -> None:
         try:
-            data, fds, _, _ = socket.recv_fds(self.sock, MAX_PACKET, 4)
+            conn, _ = self.listener.accept()
         except OSError:
-            return False
+            return
+        if peer_uid(conn) != os.geteuid():  # before a byte is read
+            conn.close()
+            return
+        self.conns[conn] = set()
+        self.send(conn, self.greeting)
+
+    def request(self, conn: socket.socket) -> None:
+        try:
+            data, fds, _, _ = socket.recv_fds(conn, MAX_PACKET, 4)
+        except OSError:
+            data, fds = b"", []
         if not data:
             for fd in fds:
                 os.close(fd)
-            return False  # the owner is gone
+            return self.drop(conn)  # its owner is gone
+        msg = None
         try:
             msg = json.loads(data)
+            if msg.get("retire"):
+                return self.retire()
             if len(fds) != 2:
                 raise ValueError(f"a spawn request needs 2 descriptors, got {len(fds)}")
-            self.spawn(msg, fds)
+            self.spawn(conn, msg, fds)
         except Exception as exc:
-            self.send({"spawn": msg.get("spawn") if isinstance(msg, dict) else None,
-                       "error": f"{type(exc).__name__}: {exc}"})
+            self.send(conn, {"spawn": msg.get("spawn") if isinstance(msg, dict) else None,
+                             "error": f"{type(exc).__name__}: {exc}"})
         finally:
             for fd in fds:
                 os.close(fd)
-        return True
 
-    def spawn(self, msg: dict, fds: list) -> None:
+    def retire(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
+
+    def spawn(self, conn: socket.socket, msg: dict, fds: list) -> None:
         sync_r, sync_w = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -123,28 +168,50 @@ class Zygote:
                 pass
             os.waitpid(pid, 0)
             raise RuntimeError("the forked rank process died before it started")
-        self.children[os.pidfd_open(pid)] = pid
-        self.send({"spawn": msg["spawn"], "pid": pid})
+        pidfd = os.pidfd_open(pid)
+        self.children[pidfd] = (pid, conn)
+        self.conns[conn].add(pidfd)
+        self.send(conn, {"spawn": msg["spawn"], "pid": pid})
 
     def zygote_fds(self) -> list:
-        return [self.sock.fileno(), *self.children]
+        return [*(c.fileno() for c in self.conns), *self.children,
+                *(fd if isinstance(fd, int) else fd.fileno() for fd in self._extra())]
 
     def reap(self, pidfd: int) -> None:
-        pid = self.children.pop(pidfd)
+        pid, conn = self.children.pop(pidfd)
         os.close(pidfd)
         _, status = os.waitpid(pid, 0)
-        self.send({"exit": pid, "status": returncode(status)})
+        if conn in self.conns:
+            self.conns[conn].discard(pidfd)
+            self.send(conn, {"exit": pid, "status": returncode(status)})
+
+    def drop(self, conn: socket.socket) -> None:
+        """A connection closed: kill the children it asked for."""
+        for pidfd in self.conns.pop(conn, ()):
+            pid, _ = self.children.pop(pidfd)
+            _kill(pid, pidfd)
+        conn.close()
 
     def close(self) -> int:
-        for pidfd, pid in self.children.items():
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            os.waitpid(pid, 0)
-            os.close(pidfd)
+        for pidfd, (pid, _) in self.children.items():
+            _kill(pid, pidfd)
         self.children = {}
         return 0
+
+
+def _kill(pid: int, pidfd: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    os.waitpid(pid, 0)
+    os.close(pidfd)
+
+
+def peer_uid(conn: socket.socket) -> int:
+    """The uid of the process at the other end of an AF_UNIX connection, from the kernel."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
 
 
 def _child(env: dict, cwd, fds: list, sync_w: int, inherited: list) -> None:
@@ -201,28 +268,54 @@ def _fresh_state(env: dict) -> None:
         sys.modules["torch"].set_num_threads(int(threads))
 
 
+def _listen(name: str) -> Optional[socket.socket]:
+    """A listener on the abstract address `name`, or None where another process has it."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        listener.bind("\0" + name)
+        listener.listen(16)
+        return listener
+    except OSError:
+        listener.close()
+        return None
+
+
+def _leave_starter() -> None:
+    """Fork once more and let the first process exit: the zygote outlives its starter."""
+    if os.fork() != 0:
+        os._exit(0)
+
+
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    sock = socket.socket(fileno=int(argv[0]))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    sock = socket.socket(fileno=int(argv.pop(0)))
+    name = anchor = None
+    while argv[:1] in (["--listen"], ["--anchor"]):
+        flag, value = argv.pop(0), argv.pop(0)
+        name, anchor = (value, anchor) if flag == "--listen" else (name, int(value))
     idle_s = ZYGOTE_IDLE_S.read()
     try:
+        anchor_fd = os.pidfd_open(anchor) if anchor is not None else None
         os.close(os.pidfd_open(os.getpid()))  # Linux 5.3+: how the zygote watches its children
     except (AttributeError, OSError) as exc:
         sock.send(json.dumps({"unsupported": f"pidfd_open: {exc}"}).encode())
         return 0
+    if name is not None:
+        _leave_starter()
+    # before the imports, so a job that comes meanwhile waits for them rather than start
+    # cold; taken (a retired zygote has not let go yet): again after them, else it stays private
+    listener = _listen(name) if name is not None else None
     imported, failed = [], {}
-    for name in argv[1:]:
+    for module in argv:
         try:
-            importlib.import_module(name)
-            imported.append(name)
+            importlib.import_module(module)
+            imported.append(module)
         except BaseException as exc:  # a broken module: the children import it themselves
-            failed[name] = f"{type(exc).__name__}: {exc}"
-    zygote = Zygote(sock, idle_s)
-    try:
-        zygote.send({"ready": imported, "failed": failed})
-    except OSError:
-        return 0
-    return zygote.serve()
+            failed[module] = f"{type(exc).__name__}: {exc}"
+    if name is not None and listener is None:
+        listener = _listen(name)
+    return Zygote(sock, idle_s, {"ready": imported, "failed": failed}, listener,
+                  anchor_fd).serve()
 
 
 if __name__ == "__main__":

@@ -2,15 +2,22 @@
 
 A rank process starts as `python -m collectives.launch.worker` and then imports what
 its function needs; torch alone costs 1.5-3 s of CPU, paid by every rank of
-every job, while the task's partition waits.  The Python worker that ran the
-task stays alive for the next task (Spark reuses its Python workers), so after
-a job it keeps a *zygote* (`collectives.launch.zygote`): a process with the same
-interpreter and environment that has imported the fork-safe heavy modules the
-last job's rank imported.  The next job's rank on that worker is forked from
-it and starts in milliseconds.
+every job, while the task's partition waits.  After a job, the executor
+keeps a *zygote* (`collectives.launch.zygote`): a process with the same interpreter
+and environment as the rank that has imported the fork-safe heavy modules the
+last job's rank imported.  The next job's rank on that executor is forked from it
+and starts in milliseconds.
 
-Terms.  The *owner* is this module in the Python worker; it talks to its
-zygote over a private socketpair (nothing listens; see `collectives.launch.zygote`).
+The zygote is the executor's, not the Python worker's: Spark stops Python workers
+idle for a minute, and a DataFrame stage's Arrow workers are not the RDD stage's.
+A *shared* zygote listens on an abstract AF_UNIX name made of the uid, the worker's
+parent (the *anchor*: the executor's Python daemon) and the key, and lives as long
+as the anchor; a later worker connects to it by that name.
+
+Terms.  An *owner* is this module in a Python worker, holding one connection to a
+zygote: the private socketpair of the zygote it started, or one accepted on the
+zygote's name after the kernel vouched for the same uid at both ends (see
+`collectives.launch.zygote`).
 The zygote's *key* is its interpreter and the rank environment without the
 per-job variables (HVS_*, HOROVOD_RANK...): a job whose environment differs
 (another PYTHONPATH, OMP_NUM_THREADS, a user variable) starts its ranks
@@ -26,12 +33,15 @@ HOROVOD_SPARK_WARM_START=0 on the driver or in its `env`.  A zygote that
 cannot start, dies or does not answer makes the task start its rank the
 ordinary way.
 
-Lifetime: the zygote dies with its owner's thread (the worker), forked ranks
-die with the zygote, and a zygote exits after HOROVOD_SPARK_ZYGOTE_IDLE_S (default 600)
-seconds without a job; `shutdown()` stops it at once.
+Lifetime: the zygote dies with its anchor, forked ranks die with the zygote or
+with the connection that asked for them (a killed worker), and a zygote exits after
+HOROVOD_SPARK_ZYGOTE_IDLE_S (default 600) seconds without a job.  A job that imports
+more leaves a zygote with the union, which takes the name; the one before stops
+listening and exits when its last owner lets go.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -39,10 +49,10 @@ import signal
 import socket
 import subprocess
 import threading
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Tuple
 
 from collectives.launch.procs import die_with_parent
-from collectives.launch.zygote import MAX_PACKET
+from collectives.launch.zygote import MAX_PACKET, peer_uid
 
 __all__ = ["spawn", "learn", "shutdown", "WarmChild", "REPORT"]
 
@@ -72,6 +82,12 @@ def _key(executable: str, env: Mapping[str, str]) -> tuple:
     return (executable, tuple(sorted(zygote_env(env).items())))
 
 
+def address(key: tuple, anchor: int) -> str:
+    """The abstract AF_UNIX name of the shared zygote of `key` under `anchor`."""
+    digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:32]
+    return f"horovod-spark-zygote-{os.geteuid()}-{anchor}-{digest}"
+
+
 class WarmChild:
     """A forked rank process, as much of subprocess.Popen as the task uses."""
 
@@ -98,9 +114,13 @@ class WarmChild:
 class _Owner:
     """One zygote: started on its own thread, which then reads its messages until it ends."""
 
-    def __init__(self, executable: str, env: Mapping[str, str], modules: list) -> None:
+    def __init__(self, executable: str, env: Mapping[str, str], modules: list,
+                 listen: Optional[Tuple[str, int]] = None,
+                 sock: Optional[socket.socket] = None) -> None:
+        """Start a zygote (private, or shared with listen=(name, anchor)), or own the
+        connection `sock` to a shared one."""
         self.key, self.modules = _key(executable, env), list(modules)
-        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.attached = sock is not None  # to another worker's zygote
         self.ready = threading.Event()
         self.dead: Optional[str] = None
         self.proc: Optional[subprocess.Popen] = None
@@ -108,28 +128,45 @@ class _Owner:
         self._answers: dict = {}
         self._children: dict = {}
         self._next = 0
-        self._thread = threading.Thread(target=self._run, name="hvs-zygote-owner",
-                                        args=(executable, zygote_env(env), theirs), daemon=True)
+        if sock is None:
+            self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            target, args = self._run, (executable, zygote_env(env), theirs, listen)
+        else:
+            self.sock, target, args = sock, self._read, ()
+        self._thread = threading.Thread(target=target, name="hvs-zygote-owner", args=args,
+                                        daemon=True)
         self._thread.start()
 
-    # -- the owner's thread: it started the zygote, so the zygote dies with it --
-    def _run(self, executable: str, env: dict, theirs: socket.socket) -> None:
+    # -- the owner's thread: it started the zygote, so a private zygote dies with it --
+    def _run(self, executable: str, env: dict, theirs: socket.socket,
+             listen: Optional[Tuple[str, int]]) -> None:
+        shared = ["--listen", listen[0], "--anchor", str(listen[1])] if listen else []
         try:
             try:
                 fd = theirs.fileno()
                 self.proc = subprocess.Popen(
-                    [executable, "-m", "collectives.launch.zygote", str(fd), *self.modules], env=env,
-                    pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                    start_new_session=True, preexec_fn=die_with_parent)
+                    [executable, "-m", "collectives.launch.zygote", str(fd), *shared,
+                     *self.modules], env=env, pass_fds=(fd,), stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL, start_new_session=True,
+                    preexec_fn=None if listen else die_with_parent)
             finally:
                 theirs.close()
+        except Exception as exc:  # cannot start
+            self._die(f"{type(exc).__name__}: {exc}")
+            return
+        if listen:
+            self.proc.wait()  # the starter; the zygote left it (a second fork)
+        self._read()
+
+    def _read(self) -> None:
+        try:
             while True:
                 data = self.sock.recv(MAX_PACKET)
                 if not data:
                     break
                 self._on(json.loads(data))
             self._die("the zygote exited")
-        except Exception as exc:  # cannot start, or the socket broke
+        except Exception as exc:  # the socket broke
             self._die(f"{type(exc).__name__}: {exc}")
         finally:
             if self.proc is not None:
@@ -138,7 +175,9 @@ class _Owner:
     def _on(self, msg: dict) -> None:
         if "ready" in msg:
             if msg.get("failed"):
-                log.info("zygote %s could not import %s", self.proc.pid, msg["failed"])
+                log.info("zygote could not import %s", msg["failed"])
+            if self.attached:  # what another worker's zygote has
+                self.modules = [m for m in REPORT if m in msg["ready"] or m in msg["failed"]]
             self.ready.set()
         elif "unsupported" in msg:
             self._die(msg["unsupported"])
@@ -197,7 +236,8 @@ class _Owner:
         return answer
 
     def close(self) -> None:
-        """End the zygote: it sees the socket close, kills its children and exits."""
+        """Let go: the zygote sees the connection close and kills the children it asked for;
+        a private zygote then exits."""
         with self._cond:
             if self.dead is None:
                 self.dead = "closed by its owner"
@@ -207,12 +247,48 @@ class _Owner:
             pass
         self.sock.close()
 
+    def retire(self) -> None:
+        """Ask a shared zygote to stop listening (a newer one takes its name), and let go."""
+        try:
+            self.sock.send(json.dumps({"retire": True}).encode())
+        except OSError:
+            pass
+        self.close()
+
+
+def _attach(key: tuple, anchor: int) -> Optional[_Owner]:
+    """An owner connected to the shared zygote of `key` under `anchor`, or None."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.connect("\0" + address(key, anchor))
+        if peer_uid(sock) != os.geteuid():  # someone else took the name: not ours
+            raise PermissionError("the zygote's name is held by another user")
+    except OSError:
+        sock.close()
+        return None
+    return _Owner(key[0], dict(key[1]), [], sock=sock)  # it greets once its imports are done
+
+
+def _current(key: tuple) -> Optional[_Owner]:
+    """This worker's owner of `key`'s zygote, connecting to the shared one if need be
+    (called with _lock held)."""
+    global _zygote
+    owner = _zygote
+    if owner is not None and owner.dead is None and owner.key == key:
+        return owner
+    named = _attach(key, os.getppid())
+    if named is not None:
+        if owner is not None:
+            owner.close()
+        _zygote = named
+    return named
+
 
 def spawn(executable: str, env: Mapping[str, str]) -> Optional[WarmChild]:
-    """A rank process forked from this worker's zygote of the same key, or None."""
+    """A rank process forked from the executor's zygote of the same key, or None."""
     with _lock:
-        owner = _zygote
-    if owner is None or owner.dead is not None or owner.key != _key(executable, env):
+        owner = _current(_key(executable, env))
+    if owner is None:
         return None
     return owner.spawn(env, os.getcwd())
 
@@ -225,21 +301,25 @@ def learn(executable: str, env: Mapping[str, str], imported: list) -> None:
         return
     key = _key(executable, env)
     with _lock:
-        owner = _zygote
-        if owner is not None and owner.dead is None and owner.key == key and \
-                set(modules) <= set(owner.modules):
+        owner = _current(key)
+        if owner is not None and owner.attached and not owner.ready.is_set():
+            return  # another worker's zygote of this key is importing: leave it be
+        if owner is not None and set(modules) <= set(owner.modules):
             return
-        if owner is not None:
-            owner.close()
-        if owner is not None and owner.key == key:  # keep what the last one had, too
+        if owner is not None:  # keep what the last one had, too
             modules = [m for m in REPORT if m in modules or m in owner.modules]
-        _zygote = _Owner(executable, env, modules)
+            owner.retire()
+        elif _zygote is not None:  # another key's: let go of it (others may use it)
+            _zygote.close()
+        _zygote = _Owner(executable, env, modules, listen=(address(key, os.getppid()),
+                                                           os.getppid()))
 
 
 def shutdown() -> None:
-    """Stop this worker's zygote, if any."""
+    """Let go of this worker's zygote, asking it to stop listening: it exits at once unless
+    another worker holds a connection to it."""
     global _zygote
     with _lock:
         owner, _zygote = _zygote, None
     if owner is not None:
-        owner.close()
+        owner.retire()

@@ -7,6 +7,7 @@ runs the same path under barrier tasks.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -168,6 +169,52 @@ def test_a_killed_owner_takes_the_zygote_and_its_ranks_with_it():
         proc.kill()
 
 
+ANCHOR_SCRIPT = textwrap.dedent("""
+    import json, os, sys, time
+    from horovod_spark._job import warm
+    env = json.loads(sys.argv[1])
+    if os.fork() == 0:  # a worker: it starts the shared zygote, waits for it, and is gone
+        warm.learn(sys.executable, env, ["pyarrow"])
+        warm._zygote.ready.wait(60)
+        os._exit(0)
+    os.wait()
+    print("ready", flush=True)
+    time.sleep(600)
+""")
+
+
+def test_a_shared_zygote_outlives_its_starter_serves_the_next_owner_and_dies_with_its_anchor(
+        store):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    anchor = subprocess.Popen([sys.executable, "-c", ANCHOR_SCRIPT, json.dumps(env)], env=env,
+                              stdout=subprocess.PIPE, text=True)
+    own = None
+    try:
+        assert anchor.stdout.readline() == "ready\n"
+        own = warm._attach(warm._key(sys.executable, env), anchor.pid)
+        assert own is not None, "no zygote listens under its anchor after its starter exited"
+        assert own.ready.wait(30) and own.modules == ["pyarrow"]
+        assert warm._attach(warm._key(sys.executable, dict(env, OTHER="1")), anchor.pid) is None
+        child = _spawn(own, _rank_env(env, store), _facts, store, "shared")
+        assert child.wait(timeout=30) == 0, child.stderr.read().decode()
+        zygote = RankResult.decode(store.get(f"{JOB}/result/0")).value()["ppid"]
+        assert "--listen" in psutil.Process(zygote).cmdline()
+        asleep = _spawn(own, _rank_env(env, store), _sleep, store)
+        own.close()  # an owner that lets go (a killed worker) takes its ranks, not the zygote
+        assert alive_after([asleep.pid]) == []
+        own = warm._attach(warm._key(sys.executable, env), anchor.pid)
+        assert own is not None and psutil.Process(zygote).is_running()
+        asleep = _spawn(own, _rank_env(env, store), _sleep, store)
+        anchor.kill()
+        anchor.wait(timeout=10)
+        assert asleep.wait(timeout=20) == -signal.SIGKILL  # the zygote went, and its ranks
+        assert alive_after([zygote, asleep.pid]) == []
+    finally:
+        anchor.kill()
+        if own is not None:
+            own.close()
+
+
 def test_an_idle_zygote_exits_by_itself(store):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
                HOROVOD_SPARK_ZYGOTE_IDLE_S="0.5")
@@ -185,7 +232,9 @@ def test_an_idle_zygote_exits_by_itself(store):
 
 
 def test_learn_keeps_a_zygote_only_for_heavy_fork_safe_modules():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    # the zygotes it lets go of go on listening for other workers until they idle
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+               HOROVOD_SPARK_ZYGOTE_IDLE_S="2")
     try:
         warm.learn(sys.executable, env, ["numpy", "tensorflow", "keras"])
         assert warm._zygote is None  # numpy is cheap; TensorFlow and Keras are never preloaded
