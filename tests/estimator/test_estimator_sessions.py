@@ -1,6 +1,7 @@
 """TorchEstimator in a Pipeline written once, run on a classic local[2] session and on a
 Spark Connect one (a client of the real local server of tests/connect_server.py): fit,
-transform, save, load, the same predictions after the load, and a failing rank named."""
+transform, save, load, the same predictions after the load, and a failing rank named;
+KerasEstimator's fit and transform on Connect."""
 import sys
 
 import cloudpickle
@@ -10,7 +11,7 @@ import torch
 
 from connect_server import connect_mode
 from horovod_spark import JobFailedError
-from horovod_spark.estimator import TorchEstimator
+from horovod_spark.estimator import KerasEstimator, TorchEstimator
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks can't import tests
@@ -82,3 +83,27 @@ def test_an_error_in_training_on_rank_1_is_named_with_its_traceback(session, tmp
     assert (err.rank, err.error_type) == (1, "ValueError")
     assert "metric cannot be computed on rank 1" in err.remote_traceback
     assert "see the executor's log" not in str(err)
+
+
+def test_a_keras_estimator_fits_and_transforms_on_connect(connect_server, tmp_path):
+    """KerasEstimator through the same Connect path (kept small: each rank starts TensorFlow)."""
+    keras = pytest.importorskip("keras")
+    from pyspark.ml.feature import VectorAssembler
+
+    keras.utils.set_random_seed(0)
+    net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    session = connect_server.session()
+    with connect_mode():
+        df = VectorAssembler(inputCols=["a", "b", "c"], outputCol="features").transform(
+            _data(session))
+        model = KerasEstimator(num_proc=2, model=net, optimizer=keras.optimizers.SGD(0.05),
+                               loss="mse", feature_cols=["features"], label_cols=["y"],
+                               batch_size=32, epochs=2, store=str(tmp_path / "store"),
+                               verbose=0).fit(df)
+        rows = model.transform(df).select("features", "y", "y__output").collect()
+    assert len(rows) == 400 and len(model.getHistory()["loss"]) == 2
+    x = np.array([r.features.toArray() for r in rows], np.float32)
+    want = model.getModel().predict_on_batch(x).reshape(-1)
+    np.testing.assert_allclose([r.y__output for r in rows], want, rtol=1e-5, atol=1e-5)
+    loss = np.mean((want - np.array([r.y for r in rows])) ** 2)
+    assert loss < np.var([r.y for r in rows])  # it learned something in two epochs

@@ -90,22 +90,20 @@ def python_workers() -> list:
     return found
 
 
-@pytest.mark.parametrize("stage", ["rdd", "dataframe"])
-def test_ranks_fork_warm_after_spark_replaced_its_python_workers(spark, monkeypatch, stage):
+def test_ranks_fork_warm_in_arrow_workers_that_replaced_the_last_jobs(spark, monkeypatch):
     # Spark stops Python workers idle for a minute; the zygote is the executor's, not theirs.
-    # "dataframe": the barrier mapInArrow stage Connect sessions run (in Arrow workers).
-    monkeypatch.setattr(Cluster, "classic_stage", stage)
+    # The barrier mapInArrow stage Connect sessions run: its Arrow workers are not the RDD's.
+    monkeypatch.setattr(Cluster, "classic_stage", "dataframe")
     key = new_key()
     horovod_spark.run(probe, num_proc=2, env=key)
-    for _ in range(2):
-        workers = python_workers()
-        assert workers, "no Python worker found to stop"
-        for worker in workers:
-            worker.kill()
-        assert alive_after([w.pid for w in workers]) == []
-        job = horovod_spark.run(probe, num_proc=2, env=key)
-        assert [r["forked"] for r in job] == [True, True]
-        assert [r["total"] for r in job] == [3.0, 3.0]
+    workers = python_workers()
+    assert workers, "no Python worker found to stop"
+    for worker in workers:
+        worker.kill()
+    assert alive_after([w.pid for w in workers]) == []
+    job = horovod_spark.run(probe, num_proc=2, env=key)
+    assert [r["forked"] for r in job] == [True, True]
+    assert [r["total"] for r in job] == [3.0, 3.0]
 
 
 def test_a_job_with_another_environment_starts_fresh(spark):
