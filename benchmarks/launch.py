@@ -1,7 +1,7 @@
 """Launch overhead: horovod_spark.run vs PySpark's TorchDistributor on one warm session.
 
     python benchmarks/launch.py [--np 2] [--reps 7] [--master local[2]]
-                                [--cases noop,bootstrap,torch] [--connect]
+                                [--cases noop,bootstrap,torch] [--connect] [--fresh-workers]
 
 Three cases, each timed end to end on the driver (submit, start ranks, run, gather):
   noop       run(lambda: 0)                           vs  TorchDistributor.run(lambda: 0)
@@ -24,6 +24,10 @@ it, timed in the same rounds: ``hs Connect`` (ours as it ships there: the client
 this machine is reachable, so the client's job store and live output) and
 ``TorchDistributor Connect``.  Their ratio column compares with TorchDistributor on
 Connect, and ``vs classic`` with ours on the classic session.
+
+``--fresh-workers`` stops Spark's Python workers before each timed run, as Spark does to
+workers idle for a minute: what a job pays that comes more than a minute after the last
+(a fresh worker for each task; an Arrow worker also imports pandas and pyarrow).
 
 Both run np barrier tasks (TorchDistributor with local_mode=False: one torchrun per
 task).  Each is warmed up first (Python workers started, imports cached), then timed
@@ -129,7 +133,25 @@ def _connect_mode(on: bool) -> None:
         os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
 
 
-def measure(np_: int, reps: int, cases, connect: bool = False) -> tuple:
+def _stop_python_workers() -> None:
+    """Stop the Spark Python workers under this process (the classic session's and the
+    Connect server's), as Spark stops workers idle for a minute: the next job's tasks run
+    in fresh workers, as a job does that comes more than a minute after the last."""
+    import psutil
+
+    workers = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if "pyspark.daemon" in proc.cmdline() and "pyspark.daemon" in proc.parent().cmdline():
+                workers.append(proc)
+        except psutil.Error:
+            pass
+    for worker in workers:
+        worker.kill()
+    psutil.wait_procs(workers, timeout=10)
+
+
+def measure(np_: int, reps: int, cases, connect: bool = False, fresh: bool = False) -> tuple:
     import cloudpickle
     from pyspark import cloudpickle as spark_cloudpickle
     from pyspark.ml.torch.distributor import TorchDistributor
@@ -195,8 +217,12 @@ def measure(np_: int, reps: int, cases, connect: bool = False) -> tuple:
         times = {name: [] for name in [*variants, *theirs]}
         for _ in range(reps):
             for name, env in variants.items():
+                if fresh:
+                    _stop_python_workers()
                 times[name].append(_timed(ours(our_fn, env)))
             for name, run in theirs.items():
+                if fresh:
+                    _stop_python_workers()
                 times[name].append(_timed_retrying(run, failures))
         out[case] = times
     return out, failures
@@ -230,6 +256,9 @@ def main() -> int:
     p.add_argument("--master", default="local[2]")
     p.add_argument("--cases", default="noop,bootstrap,torch",
                    help="comma-separated: noop, bootstrap, torch")
+    p.add_argument("--fresh-workers", action="store_true",
+                   help="stop Spark's Python workers before each timed run (as Spark does "
+                        "after a minute idle): jobs more than a minute apart")
     p.add_argument("--connect", action="store_true",
                    help="also time ours and TorchDistributor on a local Spark Connect server")
     p.add_argument("--out", default=os.path.join(HERE, "results", "launch.json"))
@@ -238,14 +267,16 @@ def main() -> int:
     server = None
     try:
         server = _connect_server(ns.master) if ns.connect else None
-        results, failures = measure(ns.np, ns.reps, ns.cases.split(","), ns.connect)
+        results, failures = measure(ns.np, ns.reps, ns.cases.split(","), ns.connect,
+                                    ns.fresh_workers)
     finally:
         spark.stop()
         if server is not None:
             server.stop()
     rows = report(results)
     os.makedirs(os.path.dirname(ns.out), exist_ok=True)
-    meta = {"np": ns.np, "reps": ns.reps, "master": ns.master, "connect": ns.connect, "python": platform.python_version(),
+    meta = {"np": ns.np, "reps": ns.reps, "master": ns.master, "connect": ns.connect,
+            "fresh_workers": ns.fresh_workers, "python": platform.python_version(),
             "cpus": os.cpu_count(), "loadavg_after": os.getloadavg(),
             "note": "shared machine: other engineers' jobs run at the same time; numbers are noisy",
             "TorchDistributor_failed_runs_retried": failures}

@@ -34,7 +34,7 @@ CLIENT_ADDRESS = Setting("HOROVOD_SPARK_CLIENT_ADDRESS", None, str, "driver",
                          "on Spark Connect: the address the executors reach this process at "
                          "(live output, the job store); none: they cannot")
 WARM_START = Setting("HOROVOD_SPARK_WARM_START", True, parse_bool, "driver",
-                     "fork ranks from a Spark Python worker's zygote (the task reads it too)")
+                     "fork ranks from the executor's zygote (the task reads it too)")
 START_TIMEOUT = Setting("HOROVOD_SPARK_START_TIMEOUT", 600.0, float, "driver",
                         "seconds to wait for np barrier task slots")
 PARQUET_DIRECT = Setting("HOROVOD_SPARK_PARQUET_DIRECT", True, parse_bool, "driver",

@@ -68,7 +68,7 @@ class TaskSpec:
     rank0_only: bool = False      # only rank 0 returns its value (HorovodRunner)
     result_limit: int = 0         # spark.driver.maxResultSize in bytes; 0: none
     executable: Optional[str] = None
-    warm: bool = True             # fork the rank from the worker's zygote when it has one
+    warm: bool = True             # fork the rank from the executor's zygote when it has one
     job_store: Optional[str] = None  # host:port of the driver's job store (None: allGather)
 
 

@@ -85,6 +85,8 @@ def test_an_error_in_training_on_rank_1_is_named_with_its_traceback(session, tmp
     assert "see the executor's log" not in str(err)
 
 
+@pytest.mark.tf
+@pytest.mark.slow
 def test_a_keras_estimator_fits_and_transforms_on_connect(connect_server, tmp_path):
     """KerasEstimator through the same Connect path (kept small: each rank starts TensorFlow)."""
     keras = pytest.importorskip("keras")
