@@ -128,18 +128,21 @@ class _Owner:
         self._answers: dict = {}
         self._children: dict = {}
         self._next = 0
-        if sock is None:
-            self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            target, args = self._run, (executable, zygote_env(env), theirs, listen)
+        target, args = self._read, ()
+        if sock is not None:
+            self.sock = sock
         else:
-            self.sock, target, args = sock, self._read, ()
+            self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            if listen:  # started now, so it outlives a worker stopped right after this job
+                self._start(executable, zygote_env(env), theirs, listen)
+            else:
+                target, args = self._run, (executable, zygote_env(env), theirs)
         self._thread = threading.Thread(target=target, name="hvs-zygote-owner", args=args,
                                         daemon=True)
         self._thread.start()
 
-    # -- the owner's thread: it started the zygote, so a private zygote dies with it --
-    def _run(self, executable: str, env: dict, theirs: socket.socket,
-             listen: Optional[Tuple[str, int]]) -> None:
+    def _start(self, executable: str, env: dict, theirs: socket.socket,
+               listen: Optional[Tuple[str, int]]) -> bool:
         shared = ["--listen", listen[0], "--anchor", str(listen[1])] if listen else []
         try:
             try:
@@ -153,12 +156,22 @@ class _Owner:
                 theirs.close()
         except Exception as exc:  # cannot start
             self._die(f"{type(exc).__name__}: {exc}")
-            return
-        if listen:
-            self.proc.wait()  # the starter; the zygote left it (a second fork)
-        self._read()
+            return False
+        return True
+
+    # -- the owner's thread: it started a private zygote, which dies with it --
+    def _run(self, executable: str, env: dict, theirs: socket.socket) -> None:
+        if self._start(executable, env, theirs, None):
+            self._receive()
 
     def _read(self) -> None:
+        if self.dead is not None:  # it could not start
+            return
+        if self.proc is not None:
+            self.proc.wait()  # a shared zygote's starter, which the zygote leaves (a second fork)
+        self._receive()
+
+    def _receive(self) -> None:
         try:
             while True:
                 data = self.sock.recv(MAX_PACKET)
