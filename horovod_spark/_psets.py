@@ -101,7 +101,8 @@ class ProcessSet:
         self.process_set_id, self._table = None, None
 
     def __repr__(self) -> str:
-        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+        return (f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, "
+                f"mpi_comm={self.mpi_comm})")
 
     __str__ = __repr__
 
@@ -229,7 +230,7 @@ class ProcessSetTable:
         for ps in sets:
             check_subset(ps.ranks, comm.size)
         masks = self._agree_on_masks(sets, comm)
-        return [self._register(ps, masks[i], comm) for i, ps in enumerate(sets)]
+        return [self._register(ps, masks[i], comm, initial) for i, ps in enumerate(sets)]
 
     def _agree_on_masks(self, sets: List[ProcessSet], comm) -> np.ndarray:
         op = next(self._ops)
@@ -256,17 +257,23 @@ class ProcessSetTable:
     def _gather(self, name: str, a: np.ndarray) -> np.ndarray:
         return np.asarray(self._engine().submit(name, "allgather", a, lazy=True).wait())
 
-    def _register(self, ps: ProcessSet, mask: np.ndarray, comm) -> ProcessSet:
+    def _register(self, ps: ProcessSet, mask: np.ndarray, comm, initial: bool) -> ProcessSet:
+        """One agreed set; at init() a set registered already (the global one too) is that
+        set, as Horovod's init() takes it, while add_process_set refuses it."""
         ranks = np.flatnonzero(mask).tolist()
-        if ranks == self.global_set.ranks:
-            raise ValueError(f"add_process_set: ranks {ranks} are the global process set "
-                             "(hvd.global_process_set); use that one")
         with self._lock:
-            for view in self._views.values():
-                if view.ranks == ranks:
-                    raise ValueError(f"add_process_set: a process set of ranks {ranks} is "
-                                     f"already registered (id {view.id}); remove it first or "
-                                     "use that one")
+            same = [v for v in self._views.values() if v.ranks == ranks]
+            if initial and (same or ranks == self.global_set.ranks):
+                ps.ranks, ps.process_set_id, ps._table = ranks, same[0].id if same else 0, self
+                if same:
+                    same[0].sets.append(ps)
+                return ps
+            if ranks == self.global_set.ranks:
+                raise ValueError(f"add_process_set: ranks {ranks} are the global process set "
+                                 "(hvd.global_process_set); use that one")
+            if same:
+                raise ValueError(f"add_process_set: a process set of ranks {ranks} is already "
+                                 f"registered (id {same[0].id}); remove it first or use that one")
             set_id = next(i for i in itertools.count(1) if i not in self._views)
             view = SetView(set_id, ranks, ranks.index(comm.rank) if comm.rank in ranks else -1,
                            len(ranks), _label(set_id, ranks, comm.rank), next(self._adds),

@@ -250,7 +250,21 @@ def distributed_optimizer_on_a_set_matches_one_process(hvd, sets):
         assert torch.allclose(p, q, atol=1e-6), (p, q)
 
 
-CHECKS = [set_ops_match_numpy, a_rank_outside_a_set_is_refused_naming_it,
+def sets_are_numbered_alike_and_init_takes_duplicates_as_horovod(hvd, sets):
+    n = hvd.size()
+    assert [ps.process_set_id for ps in sets] == [1, 2, 3, 4], sets
+    ids = hvd.allgather(torch.tensor([ps.process_set_id for ps in sets]))
+    assert ids.tolist() == [1, 2, 3, 4] * n, ids  # the same ids on every rank
+    assert str(hvd.global_process_set) == \
+        f"ProcessSet(process_set_id=0, ranks={list(range(n))}, mpi_comm=None)"
+    for extra, want in getattr(hvd, "_extras", []):  # init(): a duplicate is that set
+        assert extra.process_set_id == want and extra.ranks == sorted(extra.ranks), extra
+        if extra.process_set_id and hvd.rank() in extra.ranks:
+            assert hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=extra).tolist() == \
+                [float(len(extra.ranks))]
+
+
+CHECKS = [sets_are_numbered_alike_and_init_takes_duplicates_as_horovod, set_ops_match_numpy, a_rank_outside_a_set_is_refused_naming_it,
           sets_run_concurrently_without_deadlock, a_mismatch_inside_a_set_names_the_set,
           distributed_optimizer_on_a_set_matches_one_process,
           dynamic_sets_add_remove_and_free_what_they_held]  # last: it removes a set
@@ -265,9 +279,11 @@ def run_all(mode: str) -> dict:
 
     hvd.STATE = _state.STATE
     n = int(os.environ["HVS_SIZE"])
-    if mode == "static":
+    if mode == "static":  # plus the global set and a permuted duplicate, which init() takes
         sets = [hvd.ProcessSet(ranks) for ranks in set_ranks(n)]
-        hvd.init(process_sets=sets)
+        extras = [hvd.ProcessSet(list(range(n))[::-1]), hvd.ProcessSet(set_ranks(n)[0][::-1])]
+        hvd.init(process_sets=sets + extras)
+        hvd._extras = list(zip(extras, [0, 1]))
     else:
         hvd.init(process_sets="dynamic" if mode == "dynamic" else None)
         sets = [hvd.add_process_set(ranks) for ranks in set_ranks(n)]
