@@ -36,7 +36,8 @@ class GradientReducer:
                  groups=None, process_set=None) -> None:
         self.prefix = prefix
         self.process_set = process_set  # None or a ProcessSet: the ranks that average
-        _basics.view(process_set, prefix)  # a set this rank is not in: refused at once
+        if not _excluded(process_set):
+            _basics.view(process_set, prefix)  # an unregistered set: refused at once
         self.compression = compression
         self.sparse_as_dense = bool(sparse_as_dense)
         self.op = resolve_op(op, None)
@@ -91,6 +92,8 @@ class GradientReducer:
         prefix = self.prefix + site_suffix(self.prefix)
         labels = [f"{prefix}.{i}." + (_label(variables[i], i) if variables is not None else "g")
                   for i in range(len(grads))]
+        if _excluded(self.process_set):  # outside the set: its own gradients, as Horovod's
+            return grads
         ps = _basics.view(self.process_set, self.prefix)
         op, pre, post = self._scaling(ps)
         out: list = [None] * len(grads)
@@ -112,6 +115,11 @@ class GradientReducer:
             for i, r in zip(part, reduced):
                 out[i] = self.compression.decompress(r, wires[i][1])
         return out
+
+
+def _excluded(process_set) -> bool:
+    """Whether this rank is outside `process_set` (a registered set)."""
+    return process_set is not None and getattr(process_set, "included", lambda: None)() is False
 
 
 def _allreduce_part(xs: list, names: list, op, pre: float, post: float, ps=None) -> list:

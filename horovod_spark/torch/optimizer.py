@@ -287,6 +287,29 @@ def _parameter_names(named_parameters, params) -> dict:
     return by_param
 
 
+class _LocalOptimizer:
+    """DistributedOptimizer on a rank outside its process set: the wrapped optimizer's
+    own step on this rank's gradients, with the distributed optimizer's methods."""
+
+    def synchronize(self) -> None:
+        """Nothing to wait for: this rank reduces with no one."""
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        yield
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        self.backward_passes_per_step = int(passes)
+
+
+def _local(optimizer, backward_passes_per_step: int):
+    cls = type(optimizer.__class__.__name__, (_LocalOptimizer, optimizer.__class__), {})
+    wrapped = cls.__new__(cls)
+    wrapped.__dict__.update(optimizer.__dict__)
+    wrapped.backward_passes_per_step = int(backward_passes_per_step)
+    return wrapped
+
+
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step: int = 1, op=M.Average,
                          gradient_predivide_factor: float = 1.0, num_groups=None,
@@ -309,9 +332,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             reduced in place once all its members are ready.  num_groups=0: overlap
             with backward, in buckets of about 1 MiB first, then 25 MiB.  None
             (default): 1 on CPU ranks without a spare core, else 0.
-        process_set: the ranks whose gradients are averaged (every rank by default); only
-            its members make and step this optimizer.
+        process_set: the ranks whose gradients are averaged (every rank by default); on a
+            rank outside it the optimizer steps on its own gradients, as Horovod's does.
     """
+    if process_set is not None and process_set.included() is False:
+        return _local(optimizer, backward_passes_per_step)
     _state.view(process_set, "DistributedOptimizer")
     op = M.handle_average_backwards_compatibility(op, None)
     if gradient_predivide_factor != 1.0 and op != M.Average:

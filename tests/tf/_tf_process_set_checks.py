@@ -127,9 +127,12 @@ def tape_and_keras_optimizer_average_over_the_set(hvd, tf, sets):
     import keras
 
     r, ps = hvd.rank(), sets[0]
-    if r not in ps.ranks:
-        return
     w = tf.Variable(np.ones(3, np.float32))
+    if r not in ps.ranks:  # outside the set: its own gradients, as Horovod's
+        opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.5), process_set=ps)
+        opt.apply([tf.constant(data(r, (3,)))], [w])
+        np.testing.assert_allclose(w.numpy(), 1 - 0.5 * data(r, (3,)))
+        return
     with tf.GradientTape() as tape:
         loss = tf.reduce_sum(w * data(r, (3,)))
     grad, = hvd.DistributedGradientTape(tape, process_set=ps).gradient(loss, [w])

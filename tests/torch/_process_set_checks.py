@@ -224,9 +224,17 @@ def dynamic_sets_add_remove_and_free_what_they_held(hvd, sets):
 
 
 def distributed_optimizer_on_a_set_matches_one_process(hvd, sets):
-    """The first two ranks train one model together; the others are not involved."""
+    """The first two ranks train one model together; on the others the same optimizer
+    steps alone, as Horovod's does."""
     ps, r = sets[2], hvd.rank()
     if r not in ps.ranks:
+        model = torch.nn.Linear(2, 1, bias=False)
+        torch.nn.init.ones_(model.weight)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
+                                       named_parameters=model.named_parameters(), process_set=ps)
+        model(torch.tensor([[float(r), 1.0]])).sum().backward()
+        opt.step()
+        assert model.weight.tolist() == [[1.0 - r, 0.0]], model.weight  # its own gradient
         return
     torch.manual_seed(r)  # different initial weights: the broadcast must fix them
     model = torch.nn.Linear(4, 1)
