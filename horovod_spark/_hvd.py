@@ -183,6 +183,11 @@ class HorovodState:
         self.communicator()
         return self._psets.view(process_set, what)
 
+    def process_set_ranks(self, set_id: int) -> Optional[list]:
+        """The ranks of the registered set with this id, or None."""
+        self.communicator()
+        return self._psets.ranks_of(int(set_id))
+
     def process_sets(self) -> list:
         """The registered sets, the global one first."""
         self.communicator()

@@ -340,6 +340,12 @@ class ProcessSetTable:
             view.sets.append(ps)
         return view
 
+    def ranks_of(self, set_id: int) -> Optional[List[int]]:
+        if set_id == 0:
+            return list(self.global_set.ranks)
+        view = self._views.get(set_id)
+        return None if view is None else list(view.ranks)
+
     def process_sets(self) -> List[ProcessSet]:
         with self._lock:
             return [self.global_set] + [v.sets[0] for _, v in sorted(self._views.items())]

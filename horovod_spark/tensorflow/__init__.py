@@ -29,8 +29,9 @@ from .grouped_ops import grouped_allgather, grouped_reducescatter
 from .sync_batch_norm import SyncBatchNormalization
 from .mpi_ops import (Adasum, Average, Max, Min, Product, ProcessSet, Sum, add_process_set,
                       allgather, allreduce, alltoall, barrier, broadcast, global_process_set,
-                      grouped_allreduce, join, local_rank_op, local_size_op, rank_op,
-                      reducescatter, remove_process_set, size_op)
+                      grouped_allreduce, join, local_rank_op, local_size_op,
+                      process_set_included_op, rank_op, reducescatter, remove_process_set,
+                      size_op)
 
 __all__ = [
     "elastic",
@@ -41,6 +42,7 @@ __all__ = [
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
     "barrier", "join", "size_op", "rank_op", "local_size_op", "local_rank_op",
+    "process_set_included_op",
     "broadcast_variables", "broadcast_global_variables", "broadcast_object", "allgather_object",
     "Compression", "DistributedGradientTape", "DistributedOptimizer",
     "grouped_allgather", "grouped_reducescatter", "broadcast_", "broadcast_object_fn",

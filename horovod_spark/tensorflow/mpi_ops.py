@@ -30,7 +30,7 @@ from .compression import Compression
 __all__ = ["Average", "Sum", "Min", "Max", "Product", "Adasum", "ProcessSet", "global_process_set",
            "add_process_set", "remove_process_set", "allreduce", "grouped_allreduce",
            "allgather", "broadcast", "alltoall", "reducescatter", "barrier", "join",
-           "size_op", "rank_op", "local_size_op", "local_rank_op"]
+           "size_op", "rank_op", "local_size_op", "local_rank_op", "process_set_included_op"]
 
 Average, Sum, Min, Max, Product = (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX,
                                    ReduceOp.PRODUCT)
@@ -375,8 +375,20 @@ def join() -> int:
     return _kernels.join()
 
 
-def size_op():
-    return tf.constant(_basics.size(), tf.int32)
+def size_op(process_set_id: int = 0, name: Optional[str] = None):
+    """The size of the process set with this id (the world's by default), as a tensor."""
+    ranks = _basics.STATE.process_set_ranks(process_set_id)
+    if ranks is None:
+        raise InvalidArgument(f"size_op: no process set has id {process_set_id}")
+    return tf.constant(len(ranks), tf.int32, name=name)
+
+
+def process_set_included_op(process_set_id: int = 0, name: Optional[str] = None):
+    """1 where this rank is in the process set with this id, else 0; Horovod's error
+    code -3 for an id no set has."""
+    ranks = _basics.STATE.process_set_ranks(process_set_id)
+    value = -3 if ranks is None else int(_basics.rank() in ranks)
+    return tf.constant(value, tf.int32, name=name)
 
 
 def rank_op():

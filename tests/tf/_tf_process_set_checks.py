@@ -67,6 +67,16 @@ def eager_ops_on_a_set_match_numpy(hvd, tf, sets):
 
 
 @check
+def size_and_included_ops_by_id(hvd, tf, sets):
+    r = hvd.rank()
+    assert int(hvd.size_op()) == 3 and int(hvd.process_set_included_op()) == 1
+    for ps in sets:
+        assert int(hvd.size_op(process_set_id=ps.process_set_id)) == 2
+        assert int(hvd.process_set_included_op(ps.process_set_id)) == int(r in ps.ranks)
+    assert int(hvd.process_set_included_op(99)) == -3  # Horovod's unknown-set code
+
+
+@check
 def traced_ops_on_a_set_and_their_gradients(hvd, tf, sets):
     r, ps = hvd.rank(), sets[1]
     if r not in ps.ranks:
