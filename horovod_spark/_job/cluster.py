@@ -156,9 +156,9 @@ class Cluster:
         self.sc.removeJobTag(tag)
 
     #: The classic session's stage: "rdd" (a barrier RDD), or "dataframe" (the one Connect
-    #: runs).  benchmarks/launch.py compares them: a torch job's ranks fork warm from the RDD
-    #: stage's Python worker (0.44 s) but start cold in the Arrow worker (4.9 s), so classic
-    #: sessions keep the RDD stage.
+    #: runs).  benchmarks/launch.py compares them: ranks fork warm in both, but a fresh Arrow
+    #: worker (Spark replaces workers idle for a minute) imports pandas and pyarrow before
+    #: the task runs, so the DataFrame stage cost 2-2.7x the RDD's there; classic keeps it.
     classic_stage = "rdd"
 
     def barrier_rows(self, np_: int, task: Callable[[Iterator], Iterator]) -> List[tuple]:
