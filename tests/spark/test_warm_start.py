@@ -14,6 +14,7 @@ import time
 import uuid
 
 import psutil
+import pyspark
 import pytest
 
 from _spark_support import (REPO, alive_after, by_value, fast_jvm_env, start_session,
@@ -102,6 +103,9 @@ def light_probe():
     return forked and preloaded
 
 
+@pytest.mark.skipif(pyspark.__version__ < "4", reason="pyspark 3.5 hands a task to an idle "
+                    "Python worker without checking that it lives: one stopped here, outside "
+                    "Spark, fails the next task with a broken pipe")
 def test_ranks_fork_warm_in_arrow_workers_that_replaced_the_last_jobs(spark, monkeypatch):
     # Spark stops Python workers idle for a minute; the zygote is the executor's, not theirs.
     # The barrier mapInArrow stage Connect sessions run: its Arrow workers are not the RDD's.
