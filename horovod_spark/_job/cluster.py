@@ -17,7 +17,9 @@ The barrier stage is one DataFrame stage on both kinds:
 The client's address.  Classic: spark.driver.host, which the executors reach
 already.  Connect: the executors may not reach the client at all (a laptop, a
 notebook behind NAT).  Where the server runs on this machine (a loopback
-address), they do, on 127.0.0.1; where HOROVOD_SPARK_CLIENT_ADDRESS names an
+address), they do: on 127.0.0.1 with a local master, at the server's
+spark.driver.host when it drives a cluster from here (an address of this
+machine; not one behind a tunnel); where HOROVOD_SPARK_CLIENT_ADDRESS names an
 address, they are taken to; where it says ``none``, they do not; otherwise the
 live output is tried on the address this machine reaches the server from (best
 effort: a failure still comes back with the stage), and the ranks meet at rank
@@ -90,7 +92,7 @@ class Cluster:
         if host is None:
             return None, False
         if _is_loopback(host):
-            return "127.0.0.1", True
+            return loopback_client(self.master, str(self.conf.get("spark.driver.host", "")))
         return _route_address(host, port), False
 
     # -- slots ---------------------------------------------------------------
@@ -202,6 +204,28 @@ def _server_endpoint(spark) -> Tuple[Optional[str], int]:
         parsed = urlparse(url.replace("sc://", "http://", 1).split(";")[0])
         host, port = parsed.hostname, parsed.port
     return host, int(port or 15002)
+
+
+def loopback_client(master: str, driver_host: str) -> Tuple[Optional[str], bool]:
+    """Where the executors reach a client whose Connect server is on its own loopback: on
+    127.0.0.1 where they run on this machine too (a local master); else at the server's
+    driver host, where that is an address of this machine (the server drives a cluster from
+    here); else not at all (a tunnel to a server elsewhere)."""
+    if master.startswith("local"):
+        return "127.0.0.1", True
+    if driver_host and not _is_loopback(driver_host) and _is_own_address(driver_host):
+        return driver_host, True
+    return None, False
+
+
+def _is_own_address(host: str) -> bool:
+    try:
+        family = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family[0], socket.SOCK_STREAM) as s:
+            s.bind(family[4][:2])
+        return True
+    except OSError:
+        return False
 
 
 def _is_loopback(host: str) -> bool:
