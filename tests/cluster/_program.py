@@ -63,6 +63,22 @@ def wait_executors(spark, count: int, timeout: float = 120.0) -> None:
         time.sleep(0.2)
 
 
+def wait_listening(url: str, timeout: float = 240.0) -> None:
+    """Until the Connect server at sc://localhost:PORT/... accepts connections."""
+    import socket
+
+    port = int(url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.5).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no Spark Connect server on port {port} after {timeout} s")
+            time.sleep(0.5)
+
+
 def inputs(rank: int, count: int, dtype):
     """Exact in every dtype: small integers, different on each rank."""
     import numpy as np
@@ -122,15 +138,18 @@ def expected_sums(size: int, counts) -> dict:
 
 
 def scenario_collectives(spark, a: dict) -> dict:
-    """Each rendezvous mode asked for: every rank's account, and numpy's sums."""
+    """Each rendezvous mode asked for: every rank's account, and numpy's sums.  `driver_env`:
+    the driver's own settings for these jobs (a Connect client's address)."""
     runs, seconds = {}, {}
+    os.environ.update(a.get("driver_env", {}))
     for mode in a.get("modes", ("driver", "spark")):
         os.environ["HOROVOD_SPARK_RENDEZVOUS"] = mode
         started = time.monotonic()
         runs[mode] = horovod_spark.run(collectives_fn, args=(COUNTS, a.get("steps", 3)),
                                        num_proc=a["np"], env=a.get("env"), verbose=0)
         seconds[mode] = time.monotonic() - started
-    os.environ.pop("HOROVOD_SPARK_RENDEZVOUS", None)
+    for key in ("HOROVOD_SPARK_RENDEZVOUS", *a.get("driver_env", {})):
+        os.environ.pop(key, None)
     return {"runs": runs, "expected": expected_sums(a["np"], COUNTS), "seconds": seconds}
 
 
@@ -244,15 +263,22 @@ SCENARIOS = {"collectives": scenario_collectives, "fault": scenario_fault,
 def serve(layout: dict) -> None:
     """The session, then one scenario a line of stdin until EOF; then the app stops."""
     started = time.monotonic()
-    spark = session(layout["cores"], layout["executor_cores"], layout.get("conf", ()))
-    executors = layout["cores"] // layout["executor_cores"]
-    wait_executors(spark, executors)
+    if "remote" in layout:  # a Spark Connect client: the run waits for the server's slots
+        from pyspark.sql import SparkSession
+
+        wait_listening(layout["remote"])
+        spark, executors = SparkSession.builder.remote(layout["remote"]).getOrCreate(), None
+    else:
+        spark = session(layout["cores"], layout["executor_cores"], layout.get("conf", ()))
+        executors = layout["cores"] // layout["executor_cores"]
+        wait_executors(spark, executors)
     print(f"session up in {time.monotonic() - started:.1f} s", flush=True)
     try:
         for line in sys.stdin:
             request = json.loads(line)
             try:
-                wait_executors(spark, executors)
+                if executors:
+                    wait_executors(spark, executors)
                 started = time.monotonic()
                 result = SCENARIOS[request["scenario"]](spark, request["args"])
                 result["scenario_seconds"] = time.monotonic() - started

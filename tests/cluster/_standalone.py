@@ -18,9 +18,10 @@ from typing import Dict, List, Optional, Sequence
 
 from _hosts import Box, Host, Netns, result_lines
 
-__all__ = ["Standalone", "App", "ROOT"]
+__all__ = ["Standalone", "App", "ConnectServer", "ROOT"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"  # short-lived JVMs on shared cores
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_program.py")
 MASTER_PORT = 7077
 
@@ -114,6 +115,11 @@ class Standalone:
         return App(self.head.box, full, os.path.join(self.logs, f"app-{name}-{time.time_ns()}.log"),
                    layout)
 
+    def connect_server(self, name: str, cores: int, executor_cores: int) -> "ConnectServer":
+        """A Spark Connect server in the head box: an app of this cluster whose clients
+        connect on the head's loopback."""
+        return ConnectServer(self, name, cores, executor_cores)
+
     def restart_worker(self, box: Box, cores: int, memory: str = "3g") -> None:
         """A new Worker in `box` (after a test killed the old one), registered on return."""
         self.workers.pop(box.name, None)
@@ -180,5 +186,48 @@ class App:
             self.proc.stdin.close()
             self.proc.wait(timeout=timeout)
         except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+
+
+class ConnectServer:
+    """pyspark's Spark Connect server as a driver of the cluster, in the head box.
+
+    It listens on the head's loopback with a random token (a client elsewhere would need
+    TLS to send one), so its clients are driver programs in the head box (`url`).
+    """
+
+    CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+
+    def __init__(self, spark: Standalone, name: str, cores: int, executor_cores: int) -> None:
+        import uuid
+
+        self.port, self.token = 15000 + os.getpid() % 1000, uuid.uuid4().hex
+        self.url = f"sc://localhost:{self.port}/;token={self.token}"
+        conf = {"spark.connect.grpc.binding.address": "127.0.0.1",
+                "spark.connect.grpc.binding.port": str(self.port),
+                "spark.driver.host": spark.head.address,
+                "spark.driver.bindAddress": spark.head.address,
+                "spark.cores.max": str(cores), "spark.executor.cores": str(executor_cores),
+                "spark.executor.memory": "600m", "spark.ui.enabled": "false",
+                "spark.executor.extraJavaOptions": FAST_JVM,
+                "spark.executorEnv.PYTHONPATH": ROOT, "spark.executorEnv.OMP_NUM_THREADS": "1",
+                "spark.pyspark.python": sys.executable}
+        cmd = [f"{spark.home}/bin/spark-submit", "--class", self.CLASS, "--master", spark.url,
+               "--name", name, "--driver-java-options", FAST_JVM]
+        for key, value in conf.items():
+            cmd += ["--conf", f"{key}={value}"]
+        # spark-submit sizes this server's JVM as a daemon's (SPARK_DAEMON_MEMORY), not a driver's
+        env = {**spark._env(spark.head), "SPARK_CONNECT_AUTHENTICATE_TOKEN": self.token,
+               "SPARK_DAEMON_MEMORY": "600m"}
+        self.log = os.path.join(spark.logs, f"connect-{name}.log")
+        self.proc = spark.head.box.spawn(cmd + ["spark-internal"], env, self.log)
+
+    def stop(self) -> None:
+        """SIGTERM, so that the app ends and the Master frees its cores; then SIGKILL."""
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
