@@ -51,7 +51,8 @@ from ..progress.marks import CALLBACK_MARK  # a line a rank wrote with `log_to_d
 from .settings import LOG_CALLBACK
 
 __all__ = ["LogServer", "LogClient", "LineSink", "log_to_driver", "forward_warnings",
-           "failure_marker", "parse_failure_markers", "CALLBACK_MARK"]
+           "failure_marker", "failure_markers", "compact_record", "parse_failure_markers",
+           "CALLBACK_MARK"]
 
 MAX_FRAME = 1 << 20
 #: A frame claiming more than this is no log frame: the server hangs up.
@@ -113,19 +114,48 @@ def failure_marker(record: dict) -> str:
     return _MARKER + base64.b64encode(blob).decode()
 
 
+def compact_record(record: dict) -> dict:
+    """The record cut to what fits in the first 2 KB of an exception's text, which is all a
+    Spark Connect client before 4.0 receives (it cannot fetch the rest): the error's type and
+    message, the traceback's last lines and the output's last lines."""
+    out = {k: v for k, v in record.items() if k not in ("exc_blob", "traceback", "tail")}
+    for key, limit in (("message", 300), ("hint", 160)):
+        if isinstance(out.get(key), str) and len(out[key]) > limit:
+            out[key] = out[key][:limit] + "..."
+    tb = record.get("traceback") or ""
+    if tb:
+        out["traceback"] = "\n".join(tb.rstrip().splitlines()[-3:])[-360:]
+    out["tail"] = [str(line)[-120:] for line in list(record.get("tail") or ())[-2:]]
+    return out
+
+
+def failure_markers(record: dict) -> str:
+    """The record as two markers, a compact one first (see compact_record), then the whole."""
+    return failure_marker(compact_record(record)) + "\n" + failure_marker(record)
+
+
 def parse_failure_markers(text: str) -> list:
-    """Every failure record found in `text` (a Spark exception message), in order."""
-    out = []
+    """Every failure record found in `text` (a Spark exception message), in order; of the
+    records of one failure (compact and whole, see failure_markers) the fullest that arrived."""
+    out, seen = [], {}
     for m in _MARKER_RE.finditer(text or ""):
         try:
             rec = json.loads(base64.b64decode(m.group(1)))
-        except ValueError:
+        except ValueError:  # cut short: a client that received only the text's start
             continue
-        if isinstance(rec, dict):
-            # The text carries the rank's own traceback, which anyone's message can forge:
-            # a pickled exception is only ever taken from the authenticated log channel.
-            rec.pop("exc_blob", None)
-            out.append(rec)
+        if not isinstance(rec, dict):
+            continue
+        # The text carries the rank's own traceback, which anyone's message can forge:
+        # a pickled exception is only ever taken from the authenticated log channel.
+        rec.pop("exc_blob", None)
+        key, size = (rec.get("rank"), rec.get("time"), rec.get("type")), len(m.group(1))
+        if key in seen:
+            at, before = seen[key]
+            if size > before:
+                out[at], seen[key] = rec, (at, size)
+            continue
+        seen[key] = (len(out), size)
+        out.append(rec)
     return out
 
 

@@ -46,7 +46,7 @@ from collectives.launch import RankFailed
 from collectives.launch.procs import die_with_parent, pump
 from collectives.launch.record import Failure, RankResult, signal_name
 
-from .logchannel import CALLBACK_MARK, LogClient, failure_marker, split_lines
+from .logchannel import CALLBACK_MARK, LogClient, failure_markers, split_lines
 from .settings import WARM_START
 
 __all__ = ["TaskSpec", "run_task"]
@@ -244,7 +244,7 @@ class RankProcess:
         record = failure.to_dict()
         self.log.failure(record)
         short = {k: v for k, v in record.items() if k != "exc_blob"}
-        raise RankFailed(failure, failure_marker(short))
+        raise RankFailed(failure, failure_markers(short))
 
     def cleanup(self) -> None:
         from collectives.backends.shm_names import remove_segments_of

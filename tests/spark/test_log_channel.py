@@ -12,7 +12,8 @@ import pytest
 
 import _spark_support  # noqa: F401  (puts the repository on sys.path)
 
-from horovod_spark._job.logchannel import CALLBACK_MARK, LineSink, LogClient, LogServer, failure_marker, parse_failure_markers
+from horovod_spark._job.logchannel import (CALLBACK_MARK, LineSink, LogClient, LogServer, failure_marker,
+                                          failure_markers, parse_failure_markers)
 
 SECRET = os.urandom(32)
 JOB = "hvs-test/a0"
@@ -134,6 +135,25 @@ def test_a_failure_record_survives_a_trip_through_exception_text():
     text = f"Py4JJavaError: ... RankFailure: rank 2\n{failure_marker(record)}\n\tat org.apache..."
     assert parse_failure_markers(text) == [record]
     assert parse_failure_markers("no markers here") == []
+
+
+def test_a_failure_cut_to_the_first_2_kb_still_names_its_error_traceback_and_last_output():
+    """A Connect client before pyspark 4 receives only the start of an exception's text."""
+    tb = "".join(f'  File "train.py", line {i}, in step\n    work({i})\n' for i in range(200))
+    record = {"rank": 1, "size": 2, "time": 5.0, "type": "ValueError", "host": "h1",
+              "message": "bad learning rate -1",
+              "traceback": "Traceback (most recent call last):\n" + tb +
+                           '    raise ValueError("bad learning rate -1")\nValueError: bad learning rate -1\n',
+              "tail": [f"[1]<stdout>:line {i}" for i in range(500)] + ["[1]<stdout>:about to fail"]}
+    spark_prefix = "Job aborted due to stage failure: ... PythonException: " + "x" * 900 + "\n"
+    text = spark_prefix + failure_markers(record)
+    whole = parse_failure_markers(text)
+    assert whole == [record]  # the whole record wins over its compact twin
+    (cut,) = parse_failure_markers(text[:2048])
+    assert (cut["rank"], cut["type"], cut["message"], cut["host"]) == (1, "ValueError",
+                                                                      "bad learning rate -1", "h1")
+    assert 'raise ValueError("bad learning rate -1")' in cut["traceback"]
+    assert cut["tail"][-1] == "[1]<stdout>:about to fail"
 
 
 def test_a_closed_server_stops_listening_and_its_threads_end():
