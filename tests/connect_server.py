@@ -8,6 +8,13 @@ test process holds no SparkContext for it: the client sees only what Spark Conne
 carries, as a notebook on a Connect cluster does.  Its executors import this
 checkout (PYTHONPATH).  `stop()` ends the server's process group.
 
+pyspark 3.5 ships no Connect server.  Where `TESTS_CONNECT_SERVER_PYTHON` names a
+Python whose pyspark has one (CI's pyspark 4 environment), the server runs from that
+pyspark and its executors run that Python, and a 3.5 client talks to it: an older client
+on a newer server, as Databricks Connect's 3.5-based clients do.  A 3.5 client sends a
+token only over TLS, so such a server takes none; it listens on 127.0.0.1 alone, for the
+test run's life.
+
 The client is made with the Connect builder itself, not `SparkSession.builder`,
 which would mark the whole test process as a Connect process
 (SPARK_CONNECT_MODE_ENABLED) and turn the classic sessions of other tests into
@@ -29,6 +36,7 @@ import uuid
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xshare:auto"
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+SERVER_PYTHON = "TESTS_CONNECT_SERVER_PYTHON"
 START_TIMEOUT = 240.0  # seconds: a JVM, Spark and the gRPC service, on two shared cores
 
 
@@ -42,24 +50,25 @@ class ConnectServer:
     """A running local Spark Connect server (see the module docstring)."""
 
     def __init__(self, master: str = "local[2]", conf: dict | None = None) -> None:
-        import pyspark
-
-        home = os.path.dirname(pyspark.__file__)
-        self.master, self.port, self.token = master, _free_port(), uuid.uuid4().hex
+        python, home = server_python()
+        self.master, self.port = master, _free_port()
+        # a pre-4 client sends its token only over TLS (see the module docstring)
+        self.token = uuid.uuid4().hex if python == sys.executable else None
         self.log = tempfile.NamedTemporaryFile(prefix="hvs-connect-server-", suffix=".log",
                                                delete=False)
         settings = {"spark.connect.grpc.binding.address": "127.0.0.1",
                     "spark.connect.grpc.binding.port": str(self.port),
                     "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
                     "spark.executorEnv.PYTHONPATH": REPO,
-                    "spark.pyspark.python": sys.executable, **(conf or {})}
+                    "spark.pyspark.python": python, **(conf or {})}
         cmd = [os.path.join(home, "bin", "spark-submit"), "--class", SERVER_CLASS,
                "--master", master, "--name", "horovod-spark-tests-connect"]
         for key, value in settings.items():
             cmd += ["--conf", f"{key}={value}"]
-        env = dict(os.environ, SPARK_HOME=home, PYSPARK_PYTHON=sys.executable,
-                   SPARK_CONNECT_AUTHENTICATE_TOKEN=self.token, JDK_JAVA_OPTIONS=FAST_JVM,
+        env = dict(os.environ, SPARK_HOME=home, PYSPARK_PYTHON=python, JDK_JAVA_OPTIONS=FAST_JVM,
                    PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+        if self.token is not None:
+            env["SPARK_CONNECT_AUTHENTICATE_TOKEN"] = self.token
         env.pop("SPARK_CONNECT_MODE_ENABLED", None)
         env.pop("SPARK_REMOTE", None)
         began = time.monotonic()
@@ -77,6 +86,8 @@ class ConnectServer:
     @property
     def url(self) -> str:
         # "localhost": the client then sends the token over a local channel without TLS
+        if self.token is None:
+            return f"sc://localhost:{self.port}"
         return f"sc://localhost:{self.port}/;token={self.token}"
 
     def _wait_listening(self) -> None:
@@ -121,21 +132,41 @@ class ConnectServer:
             os.unlink(self.log.name)
 
 
-def connect_available() -> str:
-    """Why a Connect server and client cannot be made here ("" when they can)."""
+def _has_server(pyspark_home: str) -> bool:
     import glob
 
+    return bool(glob.glob(os.path.join(pyspark_home, "jars", "spark-connect_*.jar")))
+
+
+def server_python() -> tuple:
+    """(the Python whose pyspark runs the server, that pyspark's directory): this one's,
+    or the one `TESTS_CONNECT_SERVER_PYTHON` names where this pyspark has no server."""
+    import pyspark
+
+    home = os.path.dirname(pyspark.__file__)
+    other = os.environ.get(SERVER_PYTHON)
+    if _has_server(home) or not other:
+        return sys.executable, home
+    out = subprocess.run([other, "-c", "import os, pyspark; print(os.path.dirname(pyspark.__file__))"],
+                         capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        raise RuntimeError(f"{SERVER_PYTHON}={other} cannot import pyspark: {out.stderr[-2000:]}")
+    return other, out.stdout.strip()
+
+
+def connect_available() -> str:
+    """Why a Connect server and client cannot be made here ("" when they can)."""
     import pyspark
 
     try:
         import pyspark.sql.connect.session  # noqa: F401  (grpcio, protobuf, ...)
     except Exception as exc:  # the `connect` extra is not installed
         return f"Spark Connect's client is not installed (pip install .[connect]): {exc}"
-    jars = os.path.join(os.path.dirname(pyspark.__file__), "jars")
-    if not glob.glob(os.path.join(jars, "spark-connect_*.jar")):
-        return (f"pyspark {pyspark.__version__} ships no Spark Connect server (its jar comes "
-                f"from Maven, which this machine cannot reach; pyspark 4 bundles it)")
-    return ""
+    if _has_server(os.path.dirname(pyspark.__file__)) or os.environ.get(SERVER_PYTHON):
+        return ""
+    return (f"pyspark {pyspark.__version__} ships no Spark Connect server (its jar comes from "
+            f"Maven, which this machine cannot reach; pyspark 4 bundles it): set "
+            f"{SERVER_PYTHON} to a Python with pyspark 4 to run a server from it")
 
 
 @contextlib.contextmanager

@@ -219,10 +219,40 @@ def _to_arrow(values: np.ndarray, shape: Sequence[int], name: str):
 
 def _metadata_io(io):
     """What Spark ML's metadata helpers take: the session (pyspark 4, Connect too), or the
-    SparkContext (pyspark 3.5, which writes the metadata through an RDD)."""
+    SparkContext (pyspark 3.5, which writes the metadata through an RDD); None for a
+    pyspark 3.5 Connect client, which has neither a SparkContext nor Spark ML helpers that
+    work without one: its metadata goes through the Store (see _StoreMetadata)."""
     import pyspark
 
-    return io.sparkSession if int(pyspark.__version__.split(".")[0]) >= 4 else io.sc
+    if int(pyspark.__version__.split(".")[0]) >= 4:
+        return io.sparkSession
+    if type(io.sparkSession).__module__.startswith("pyspark.sql.connect"):
+        return None
+    return io.sc
+
+
+class _StoreMetadata:
+    """Spark ML's metadata where its helpers cannot write it (a pyspark 3.5 Connect client):
+    the same JSON line, in the same file saveAsTextFile makes (metadata/part-00000), written
+    and read through the Store, so a classic session loads it as its own and back."""
+
+    @staticmethod
+    def save(instance, path: str, session, extra: dict) -> None:
+        from horovod_spark.estimator.store import Store
+
+        version = type("Version", (), {"version": session.version})()
+        line = DefaultParamsWriter._get_metadata_to_save(instance, version, extra)
+        store = Store.create(path)
+        store.write_bytes(store.join("metadata", "part-00000"), (line + "\n").encode())
+        store.write_bytes(store.join("metadata", "_SUCCESS"), b"")
+
+    @staticmethod
+    def load(path: str) -> dict:
+        from horovod_spark.estimator.store import Store
+
+        store = Store.create(path)
+        line = store.read_bytes(store.join("metadata", "part-00000")).decode().splitlines()[0]
+        return DefaultParamsReader._parseMetaData(line)
 
 
 class _ModelWriter(MLWriter):
@@ -230,12 +260,26 @@ class _ModelWriter(MLWriter):
         super().__init__()
         self.instance = instance
 
+    def _handleOverwrite(self, path: str) -> None:
+        """pyspark 3.5 removes the old model through the JVM; a Connect client has none."""
+        if _metadata_io(self) is not None:
+            return super()._handleOverwrite(path)
+        from horovod_spark.estimator.store import Store
+
+        store = Store.create(path)
+        for name in (("metadata", "part-00000"), ("metadata", "_SUCCESS"), ("model.bin",)):
+            store.remove(store.join(*name))
+
     def saveImpl(self, path: str) -> None:
         from horovod_spark.estimator.store import Store
 
         inst = self.instance
         extra = {"history": inst._history, "output_shapes": inst._output_shapes}
-        DefaultParamsWriter.saveMetadata(inst, path, _metadata_io(self), extraMetadata=extra)
+        io = _metadata_io(self)
+        if io is None:
+            _StoreMetadata.save(inst, path, self.sparkSession, extra)
+        else:
+            DefaultParamsWriter.saveMetadata(inst, path, io, extraMetadata=extra)
         store = Store.create(path)
         store.write_bytes(store.join("model.bin"), inst._model_bytes or b"")
 
@@ -248,7 +292,9 @@ class _ModelReader(MLReader):
     def load(self, path: str) -> EstimatorModel:
         from horovod_spark.estimator.store import Store
 
-        metadata = DefaultParamsReader.loadMetadata(path, _metadata_io(self))
+        io = _metadata_io(self)
+        metadata = (_StoreMetadata.load(path) if io is None
+                    else DefaultParamsReader.loadMetadata(path, io))
         instance = self.cls()
         instance._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(instance, metadata)

@@ -11,7 +11,7 @@ import torch
 
 from connect_server import connect_mode
 from horovod_spark import JobFailedError
-from horovod_spark.estimator import KerasEstimator, TorchEstimator
+from horovod_spark.estimator import KerasEstimator, TorchEstimator, TorchModel
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks can't import tests
@@ -47,16 +47,46 @@ def _estimator(store, **kw):
     return TorchEstimator(**args)
 
 
+def _assembler(session):
+    """The stage that makes the features column: Spark ML's VectorAssembler, or, where its
+    Java stages cannot run (a Connect client before pyspark 4, whose Spark ML needs a JVM),
+    a SQL array of the same three columns."""
+    import pyspark
+    from pyspark.ml import Transformer
+    from pyspark.ml.feature import VectorAssembler
+
+    if not _is_connect(session) or int(pyspark.__version__.split(".")[0]) >= 4:
+        return VectorAssembler(inputCols=["a", "b", "c"], outputCol="features")
+
+    class ArrayAssembler(Transformer):
+        def _transform(self, df):
+            from pyspark.sql import functions as F
+            return df.withColumn("features", F.array("a", "b", "c"))
+
+    return ArrayAssembler()
+
+
+def _is_connect(session):
+    return type(session).__module__.startswith("pyspark.sql.connect")
+
+
 def test_a_pipeline_fits_transforms_saves_and_loads(session, tmp_path):
     from pyspark.ml import Pipeline, PipelineModel
     from pyspark.ml.feature import VectorAssembler
 
-    df = _data(session)
-    pipeline = Pipeline(stages=[VectorAssembler(inputCols=["a", "b", "c"], outputCol="features"),
-                                _estimator(str(tmp_path / "store"))])
-    fitted = pipeline.fit(df)
-    fitted.write().overwrite().save(str(tmp_path / "pipeline"))
-    loaded = PipelineModel.load(str(tmp_path / "pipeline"))
+    df, assembler = _data(session), _assembler(session)
+    if isinstance(assembler, VectorAssembler):
+        stages = [assembler, _estimator(str(tmp_path / "store"))]
+    else:  # pyspark 3.5's Spark ML saves no Pipeline without a JVM: our model alone
+        df, stages = assembler.transform(df), [_estimator(str(tmp_path / "store"))]
+    fitted = Pipeline(stages=stages).fit(df)
+    if isinstance(assembler, VectorAssembler):
+        fitted.write().overwrite().save(str(tmp_path / "pipeline"))
+        loaded = PipelineModel.load(str(tmp_path / "pipeline"))
+    else:
+        fitted = fitted.stages[-1]
+        fitted.write().overwrite().save(str(tmp_path / "model"))
+        loaded = TorchModel.load(str(tmp_path / "model"))
     before = fitted.transform(df).orderBy("a").select("y", "y__output").collect()
     after = loaded.transform(df).orderBy("a").select("y__output").collect()
     assert len(before) == 400
@@ -74,9 +104,7 @@ def _fails_on_rank_1(output, label):
 
 
 def test_an_error_in_training_on_rank_1_is_named_with_its_traceback(session, tmp_path):
-    from pyspark.ml.feature import VectorAssembler
-
-    df = VectorAssembler(inputCols=["a", "b", "c"], outputCol="features").transform(_data(session))
+    df = _assembler(session).transform(_data(session))
     with pytest.raises(JobFailedError) as info:
         _estimator(str(tmp_path / "store"), metrics=[_fails_on_rank_1], epochs=1).fit(df)
     err = info.value
