@@ -178,9 +178,12 @@ def test_a_crashed_task_is_named_and_its_rank_process_dies_with_it(spark):
         time.sleep(60)
 
     tag = new_tag()
+    # Started fresh: a rank forked warm is the executor's zygote's child, so its parent would
+    # be the zygote, not the worker (the zygote's own death is tests/spark/test_zygote.py's).
+    env = {"HVS_TEST_TAG": tag, "HOROVOD_SPARK_WARM_START": "0"}
     with pytest.raises(JobFailedError, match=r"rank 1/2: SparkTaskFailed: .*Python worker exited "
                                              r"unexpectedly.*see the executor's log"):
-        horovod_spark.run(kills_its_task, num_proc=2, env={"HVS_TEST_TAG": tag})
+        horovod_spark.run(kills_its_task, num_proc=2, env=env)
     assert wait_until_no_rank_processes(tag) == []
 
 
