@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 import cloudpickle
 
 from ..rendezvous import auth
-from .procs import RankFailed, RankGroup, die_with_parent, finish_grace
+from .procs import RankFailed, RankGroup, dying_with_parent, finish_grace
 from .rankenv import RankEnv, rank_envs
 from ..rendezvous.store import TCPStore
 
@@ -50,9 +50,9 @@ def start_ranks(cmd: Sequence[str], np_: int, env: Optional[dict] = None, hosts=
         child_env["PYTHONPATH"] = _driver_path(child_env.get("PYTHONPATH", ""))
         child_env.update(env or {})
         child_env.update(renv.to_environ())
-        procs.append(subprocess.Popen(list(cmd), env=child_env, stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      start_new_session=True, preexec_fn=die_with_parent))
+        procs.append(subprocess.Popen(dying_with_parent(cmd), env=child_env,
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, start_new_session=True))
     group = RankGroup(procs, server, job, stdout or sys.stdout, stderr or sys.stderr, prefix_output)
     return group, server
 

@@ -13,6 +13,7 @@ import ctypes
 import dataclasses
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Optional
@@ -23,7 +24,7 @@ from .. import settings
 from ..backends.shm_names import remove_segments_of
 from .record import Failure, RankResult, failure_text, root_cause, signal_name
 
-__all__ = ["RankFailed", "RankGroup", "die_with_parent", "pump", "finish_grace", "unfinished_text",
+__all__ = ["RankFailed", "RankGroup", "die_with_parent", "dying_with_parent", "pump", "finish_grace", "unfinished_text",
            "FINISH_GRACE"]
 
 GRACE = 1.0
@@ -60,6 +61,25 @@ def die_with_parent() -> None:
     preexec_fn, or a forked child's first call; nothing where prctl is missing)."""
     if _PRCTL is not None:
         _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+#: What a child runs first, instead of a preexec_fn: it asks for PR_SET_PDEATHSIG itself,
+#: checks that its parent is still the one that started it, then becomes the command.  A
+#: preexec_fn makes subprocess fork() where it would vfork(), which runs the parent's
+#: pthread_atfork handlers in the child: gRPC's (a Spark Connect session's client) then
+#: aborts some children before they exec.  The setting survives the exec.
+_PDEATH_SHIM = ("import ctypes, os, sys\n"
+                "ctypes.CDLL(None).prctl(1, 9)\n"  # PR_SET_PDEATHSIG, SIGKILL
+                "os.getppid() == int(sys.argv[1]) or os._exit(70)\n"
+                "os.execvp(sys.argv[2], sys.argv[2:])\n")
+
+
+def dying_with_parent(cmd) -> list:
+    """`cmd` started so that it dies with this process (see _PDEATH_SHIM); as is where
+    prctl is missing."""
+    if _PRCTL is None:
+        return list(cmd)
+    return [sys.executable, "-S", "-c", _PDEATH_SHIM, str(os.getpid()), *cmd]
 
 
 def pump(pipe, on_line, lines=None) -> None:

@@ -2,6 +2,7 @@
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 
@@ -157,3 +158,31 @@ def test_bad_arguments_are_refused_before_any_process_starts():
     lock = threading.Lock()
     with pytest.raises(TypeError, match="cannot be pickled"):
         run_local(lambda: lock, 2)
+
+
+def test_ranks_start_under_a_parent_with_live_grpc_threads():
+    """A Spark Connect client's gRPC in the launching process: starting ranks with a
+    preexec_fn forked them with gRPC's fork handlers, which aborted some before they ran
+    (5 of 60 here); none may fail."""
+    grpc = pytest.importorskip("grpc")
+    from concurrent import futures
+
+    from collectives.launch import start_ranks
+
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    codes = []
+    try:
+        grpc.channel_ready_future(channel).result(timeout=30)
+        with open(os.devnull, "w") as sink:
+            for _ in range(15):
+                group, _store = start_ranks([sys.executable, "-c", "pass"], 4, {},
+                                            stdout=sink, stderr=sink)
+                with group:
+                    codes += [p.wait(timeout=60) for p in group.procs]
+    finally:
+        channel.close()
+        server.stop(None)
+    assert codes == [0] * 60
