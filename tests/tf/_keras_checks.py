@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import os
 import tempfile
-import traceback
 
 import numpy as np
+
+from _tf_support import run_named
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -331,13 +332,4 @@ def keras_value_functions_return_numpy():
 
 def run_all(names=None) -> dict:
     """Run the checks (all, or those named); {name: "ok" or the traceback}."""
-    results = {}
-    for name, fn in CHECKS.items():
-        if names is not None and name not in names:
-            continue
-        try:
-            fn()
-            results[name] = "ok"
-        except Exception:
-            results[name] = traceback.format_exc()
-    return results
+    return run_named(CHECKS, names)

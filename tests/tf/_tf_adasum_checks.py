@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import os
 import sys
-import traceback
 
 import numpy as np
+
+from _tf_support import run_named
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "torch"))
@@ -100,13 +101,5 @@ def the_tape_and_the_keras_optimizer_combine_gradients_with_adasum():
 
 
 def run_all(names=None) -> dict:
-    results = {}
-    for name, fn in CHECKS.items():
-        if names is not None and name not in names:
-            continue
-        try:
-            fn()
-            results[name] = "ok"
-        except Exception:
-            results[name] = traceback.format_exc()
-    return results
+    """Run the checks (all, or those named); {name: "ok" or the traceback}."""
+    return run_named(CHECKS, names)

@@ -4,9 +4,10 @@ threads; every result is checked against numpy."""
 from __future__ import annotations
 
 import os
-import traceback
 
 import numpy as np
+
+from _tf_support import run_named
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -95,13 +96,5 @@ def a_mismatch_in_a_v1_graph_fails_on_every_rank_naming_the_tensor():
 
 
 def run_all(names=None) -> dict:
-    results = {}
-    for name, fn in CHECKS.items():
-        if names is not None and name not in names:
-            continue
-        try:
-            fn()
-            results[name] = "ok"
-        except Exception:
-            results[name] = traceback.format_exc()
-    return results
+    """Run the checks (all, or those named); {name: "ok" or the traceback}."""
+    return run_named(CHECKS, names)

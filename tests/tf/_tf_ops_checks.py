@@ -7,9 +7,10 @@ other rank's input (`value(r)`), so each result is compared against numpy.
 from __future__ import annotations
 
 import os
-import traceback
 
 import numpy as np
+
+from _tf_support import run_named
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -536,13 +537,4 @@ def a_mismatch_across_ranks_is_named_on_every_rank():
 
 def run_all(names=None) -> dict:
     """Run the checks (all, or those named); {name: "ok" or the traceback}."""
-    results = {}
-    for name, fn in CHECKS.items():
-        if names is not None and name not in names:
-            continue
-        try:
-            fn()
-            results[name] = "ok"
-        except Exception:
-            results[name] = traceback.format_exc()
-    return results
+    return run_named(CHECKS, names)

@@ -8,9 +8,10 @@ Every rank builds every rank's input, so each result is checked against numpy.
 from __future__ import annotations
 
 import os
-import traceback
 
 import numpy as np
+
+from _tf_support import run_named
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -283,13 +284,4 @@ def sync_batch_normalization_matches_batch_normalization_over_every_batch():
 
 def run_all(names=None) -> dict:
     """Run the checks (all, or those named); {name: "ok" or the traceback}."""
-    results = {}
-    for name, fn in CHECKS.items():
-        if names is not None and name not in names:
-            continue
-        try:
-            fn()
-            results[name] = "ok"
-        except Exception:
-            results[name] = traceback.format_exc()
-    return results
+    return run_named(CHECKS, names)

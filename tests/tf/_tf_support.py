@@ -26,6 +26,23 @@ def run_checks(run_all, np_: int = 2, timeout: float = 240) -> dict:
     return {name: [res[name] for res in per_rank] for name in per_rank[0]}
 
 
+def run_named(checks: dict, names=None) -> dict:
+    """A checks module's run_all, on a rank: run its CHECKS (all, or those named);
+    {name: "ok" or the traceback}."""
+    import traceback
+
+    results = {}
+    for name, fn in checks.items():
+        if names is not None and name not in names:
+            continue
+        try:
+            fn()
+            results[name] = "ok"
+        except Exception:
+            results[name] = traceback.format_exc()
+    return results
+
+
 def assert_ok(results: dict, name: str) -> None:
     got = results[name]
     bad = [f"rank {r}:\n{text}" for r, text in enumerate(got) if text != "ok"]

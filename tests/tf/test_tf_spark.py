@@ -21,6 +21,7 @@ pytestmark = [pytest.mark.tf, pytest.mark.spark, pytest.mark.slow, requires_tf]
 # the executors cannot import tests/: the checks travel by value
 cloudpickle.register_pickle_by_value(_keras_checks)
 cloudpickle.register_pickle_by_value(_tf_ops_checks)
+cloudpickle.register_pickle_by_value(sys.modules["_tf_support"])  # their run_all's run_named
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 OPS = ["placement_matches_the_launcher", "ops_run_through_the_fusion_engine",
