@@ -17,6 +17,7 @@ expects of a stage.
 from __future__ import annotations
 
 import functools
+import types
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -25,7 +26,7 @@ from pyspark.ml import Model
 from pyspark.ml.util import (DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader,
                              MLWritable, MLWriter)
 
-from horovod_spark._job.cluster import to_arrow
+from horovod_spark._job.cluster import is_connect, to_arrow
 from horovod_spark.estimator.data import arrow_to_numpy, column_specs, prepare_exprs
 from horovod_spark.estimator.params import ModelParams
 
@@ -112,8 +113,6 @@ class EstimatorModel(Model, ModelParams, MLWritable, MLReadable):
     def _model_broadcast(self, spark):
         """The model's bytes for the executors: a broadcast on a classic session; inline in
         the UDF on Spark Connect, which has no broadcast (the plan carries them)."""
-        from horovod_spark._job.cluster import is_connect
-
         if self._model_bytes is None:
             raise ValueError(f"{type(self).__name__} has no trained model")
         if is_connect(spark):
@@ -226,7 +225,7 @@ def _metadata_io(io):
 
     if int(pyspark.__version__.split(".")[0]) >= 4:
         return io.sparkSession
-    if type(io.sparkSession).__module__.startswith("pyspark.sql.connect"):
+    if is_connect(io.sparkSession):
         return None
     return io.sc
 
@@ -240,8 +239,9 @@ class _StoreMetadata:
     def save(instance, path: str, session, extra: dict) -> None:
         from horovod_spark.estimator.store import Store
 
-        version = type("Version", (), {"version": session.version})()
-        line = DefaultParamsWriter._get_metadata_to_save(instance, version, extra)
+        # the helper reads only `.version` of the SparkContext it is given
+        line = DefaultParamsWriter._get_metadata_to_save(
+            instance, types.SimpleNamespace(version=session.version), extra)
         store = Store.create(path)
         store.write_bytes(store.join("metadata", "part-00000"), (line + "\n").encode())
         store.write_bytes(store.join("metadata", "_SUCCESS"), b"")
