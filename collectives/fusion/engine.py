@@ -236,7 +236,10 @@ class FusionEngine:
                 self._stop(CollectiveError, f"the fusion engine stopped after a failure: "
                            f"{type(exc).__name__}: {exc}", exc)
                 raise
-            req.announced = True  # cached: the lane set its bit
+            # not announced: the lane set its cached bit, and if a peer's new signature for
+            # this name evicts that bit in this cycle, the request must announce its own next
+            # cycle (as a cached request in Python's cycles does), or the name would hang
+            # instead of failing as a mismatch
             with self._lock:
                 self._raise_if_stopped("allreduce", req.sig.tensor())
                 self._live[name] = req

@@ -128,3 +128,28 @@ def a_lost_peer_fails_the_lane_fast(workdir: str) -> None:
         json.dump({"first": first, "later": later, "took": took}, f)
     eng.shutdown(5.0)
     comm.close()
+
+
+def a_new_signature_beside_the_lane_is_a_mismatch() -> dict:
+    """The name is armed on every rank; then rank 1 submits it with another shape while the
+    others run it in the lane.  Their lanes see rank 1's announcement and hand the cycle
+    over; the announcement evicts the cached bit, so the handed-over request must announce
+    its own signature next cycle: every rank gets the MismatchError (it hung before)."""
+    comm = collectives.init()
+    eng = FusionEngine(comm, lane=True)
+    r = comm.rank
+    for step in range(3):
+        lane_allreduce(eng, 0, "g", data(r, step, 8, np.float32))
+    try:
+        if r == 1:
+            eng.submit("g", "allreduce", data(r, 5, 9, np.float32), op=ReduceOp.AVERAGE,
+                       lazy=True).wait(WAIT)
+        else:
+            lane_allreduce(eng, 0, "g", data(r, 5, 8, np.float32))
+        out = {"error": "none"}
+    except collectives.CollectiveError as exc:
+        out = {"error": f"{type(exc).__name__}: {exc}"}
+    out["handovers"] = eng.metrics()["lane_handovers"]
+    eng.shutdown()
+    comm.close()
+    return out

@@ -51,3 +51,11 @@ def test_a_lost_peer_fails_the_lane_with_the_cause(tmp_path):
     assert "rank 0/2" in got["first"] and "shut down" not in got["first"], got
     assert got["first"].startswith(("PeerLostError", "CollectiveTimeout")), got
     assert "after" in got["later"] and "failure" in got["later"], got
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_a_new_signature_beside_the_lane_fails_every_rank_as_a_mismatch(size):
+    per_rank = run_local(checks.a_new_signature_beside_the_lane_is_a_mismatch, size, timeout=120)
+    for r, res in enumerate(per_rank):
+        assert res["error"].startswith("MismatchError") and "'g'" in res["error"], (r, res)
+    assert any(res["handovers"] >= 1 for r, res in enumerate(per_rank) if r != 1), per_rank
