@@ -34,7 +34,8 @@ class ResponseCache:
         self._by_name: Dict[str, Signature] = {}
         self._slots: List[Optional[Signature]] = []
         self._free: List[int] = []
-        self.version = 0  # counts changes (the lane's slots hold bits of one version)
+        self.version = 0  # counts changes
+        self._changed: set = set()  # bits freed or reassigned since take_changed() (the lane's)
 
     def __len__(self) -> int:
         """Number of bits in the coordination vector (free slots included)."""
@@ -55,6 +56,12 @@ class ResponseCache:
     def by_name(self, name: str) -> Optional[Signature]:
         return self._by_name.get(name)
 
+    def take_changed(self) -> List[int]:
+        """The bits freed or given a signature since the last call (bits never move
+        otherwise: an entry keeps its bit until it is evicted)."""
+        out, self._changed = sorted(self._changed), set()
+        return out
+
     def put(self, sig: Signature) -> None:
         if sig in self._bit:
             return
@@ -68,6 +75,7 @@ class ResponseCache:
             self._slots.append(None)
         self._slots[bit] = sig
         self.version += 1
+        self._changed.add(bit)
         self._bit[sig] = bit
         self._by_name[sig.name] = sig
 
@@ -77,5 +85,6 @@ class ResponseCache:
             return
         bit = self._bit.pop(old)
         self.version += 1
+        self._changed.add(bit)
         self._slots[bit] = None
         heapq.heappush(self._free, bit)

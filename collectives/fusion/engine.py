@@ -218,11 +218,10 @@ class FusionEngine:
                 self._stop(type(exc), f"the fusion engine stopped after a failure: "
                            f"{type(exc).__name__}: {err}", exc)
                 raise err from exc
-        gen = self._lane.generation if self._lane is not None else 0
         handle = self.submit(name, "allreduce", src, out=dst, op=op, postscale=postscale, lazy=True)
         handle.wait()
         if self._lane is not None:
-            self._lane.arm(slot, name, src, op, postscale, gen, self.size)
+            self._lane.arm(slot, handle._sig, src, postscale, self.size)
 
     def _lane_handover(self, name: str, src, dst, op: ReduceOp, postscale: float) -> None:
         """This thread holds the cycle lock, taken by the lane, which coordinated: enter
@@ -246,7 +245,8 @@ class FusionEngine:
             self._pending[name] = req
             self._cycle_no += 1
             self._metrics["lane_handovers"] += 1
-            vec = self._lane.result()
+            self._lane.sync()  # the bits the lane ran before this cycle count as used first,
+            vec = self._lane.result()  # as a Python cycle would have marked them
             self._guarded_cycle(body=lambda: self._cycle_rest(vec, b"", t0))
         req.handle.lazy = True
         req.handle.wait()

@@ -41,11 +41,12 @@ def run_address() -> int:
 
 
 class Lane:
-    """The engine's side of the native lane: the cache's generation and the armed slots.
+    """The engine's side of the native lane: the cache's changes and the armed slots.
 
-    The native lane's lock is the engine's cycle lock; Python's cycles tell it when
-    the response cache changed (armed slots go stale) and mark the bits it ran as
-    used, oldest first, so the cache's LRU order stays the same on every rank.
+    The native lane's lock is the engine's cycle lock; Python's cycles tell it which
+    bits of the response cache changed (the slots armed on them go stale; the others
+    keep running) and mark the bits it ran as used, oldest first, so the cache's LRU
+    order stays the same on every rank.
     """
 
     def __init__(self, native, cache) -> None:
@@ -79,11 +80,11 @@ class Lane:
             self._cache.at(bit)
 
     def cache_changed(self) -> None:
-        """After a negotiation: a changed cache makes every armed slot stale."""
+        """After a negotiation: the slots armed on bits that changed go stale."""
         if self._cache.version != self._version:
             self._version = self._cache.version
             self.generation += 1
-            self.native.set_cache(len(self._cache), self.generation)
+            self.native.set_cache(len(self._cache), self.generation, self._cache.take_changed())
 
     def set_enabled(self, on: bool) -> None:
         self.native.set_enabled(on)
@@ -101,22 +102,22 @@ class Lane:
         if reset:
             self._base = now
 
-    def arm(self, slot: int, name: str, src: np.ndarray, op: ReduceOp, postscale: float,
-            gen: int, size: int) -> None:
-        """After `name` ran through the engine: arm `slot` with its cache bit, if the
-        cache holds it (a slot armed in an older generation than the cache's stays
-        stale: its next run falls back)."""
-        if slot < 0 or dtype_of_numpy(src.dtype) not in _SCALABLE:
+    def arm(self, slot: int, sig, src: np.ndarray, postscale: float, size: int) -> None:
+        """After an allreduce with signature `sig` ran through the engine: arm `slot` with
+        sig's cache bit, if the cache holds sig (the exact signature, so the lane reduces
+        what the other ranks' engines do).  The generation is read before the cache: if
+        the cache changes before the native lane takes the arm, it refuses it."""
+        dtype = dtype_of_numpy(src.dtype)
+        if (slot < 0 or dtype not in _SCALABLE or sig is None or sig.kind != "allreduce"
+                or sig.dtype != int(dtype) or sig.count != src.size or sig.prescale != 1.0
+                or sig.postscale != postscale):
             return
-        if size == 1:
-            bit: Optional[int] = 0
-        else:
-            sig = self._cache.by_name(name)
-            bit = None if sig is None else self._cache.bit(sig)
+        gen = self.generation
+        bit: Optional[int] = 0 if size == 1 else self._cache.bit(sig)
         if bit is None:
             return
-        post = postscale / size if ReduceOp(op) == ReduceOp.AVERAGE else postscale
-        self.native.arm(slot, bit, int(src.size), int(dtype_of_numpy(src.dtype)), float(post), gen)
+        post = postscale / size if ReduceOp(sig.op) == ReduceOp.AVERAGE else postscale
+        self.native.arm(slot, bit, int(src.size), int(dtype), float(post), gen)
 
     def result(self) -> np.ndarray:
         """The coordination vector the lane summed before it handed the cycle over."""

@@ -260,9 +260,9 @@ void bind_lane(py::module_& m) {
                      int64_t generation) {
         l.lane->arm(slot, bit, count, dtype_arg(dtype), postscale, generation);
       }, "slot"_a, "bit"_a, "count"_a, "dtype"_a, "postscale"_a, "generation"_a)
-      .def("set_cache", [](PyLane& l, int64_t nbits, int64_t generation) {
-        l.lane->set_cache(nbits, generation);
-      }, "nbits"_a, "generation"_a)
+      .def("set_cache", [](PyLane& l, int64_t nbits, int64_t generation, std::vector<int> changed) {
+        l.lane->set_cache(nbits, generation, changed);
+      }, "nbits"_a, "generation"_a, "changed"_a = std::vector<int>())
       .def("set_enabled", [](PyLane& l, bool on) { l.lane->set_enabled(on); }, "on"_a)
       .def("close", [](PyLane& l, double timeout) {
         py::gil_scoped_release nogil;
@@ -278,6 +278,14 @@ void bind_lane(py::module_& m) {
         py::gil_scoped_release nogil;
         return l.lane->run(slot, s.ptr, d.ptr, s.bytes);
       }, "slot"_a, "src"_a, "dst"_a, "One op as the TensorFlow op runs it; returns its LaneCode.")
+      .def("run_at", [](PyLane& l, int slot, uintptr_t src, uintptr_t dst, size_t nbytes) {
+        // The caller vouches for the addresses (a tensor it holds for the call): horovod_spark.torch
+        // passes data_ptr(), which costs less than a buffer of the tensor.
+        if (src == 0 || dst == 0) throw py::value_error("lane run_at: a null address");
+        py::gil_scoped_release nogil;
+        return l.lane->run(slot, reinterpret_cast<const void*>(src), reinterpret_cast<void*>(dst), nbytes);
+      }, "slot"_a, "src"_a, "dst"_a, "nbytes"_a,
+         "run() on raw addresses of nbytes each (contiguous memory the caller keeps alive).")
       .def_property_readonly("address", [](PyLane& l) { return reinterpret_cast<uintptr_t>(l.lane.get()); })
       .def_property_readonly("synced", [](PyLane& l) { return l.lane->synced_ns() * 1e-9; })
       .def_property_readonly("cycles", [](PyLane& l) { return l.lane->cycles(); })

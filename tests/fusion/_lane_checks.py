@@ -153,3 +153,24 @@ def a_new_signature_beside_the_lane_is_a_mismatch() -> dict:
     eng.shutdown()
     comm.close()
     return out
+
+
+def new_names_leave_other_slots_armed(steps: int = 20) -> dict:
+    """Between runs of an armed op, a new name negotiates every step (an unnamed op or a
+    barrier does so): only the bits that changed go stale, so the armed op stays in the
+    lane (before, every cache change sent every slot back through Python).  A new shape
+    for the armed name itself evicts its bit: that run falls back, and re-arms."""
+    comm = collectives.init()
+    eng = FusionEngine(comm, lane=True)
+    r, size = comm.rank, comm.size
+    codes, bad = [], []
+    for step in range(steps):
+        n = 64 if step != steps // 2 else 65  # one step with a new shape under the same name
+        got, code = lane_allreduce(eng, 0 if n == 64 else 1, "g", data(r, step, n, np.float32))
+        codes.append(code)
+        if not np.array_equal(got, expected(size, step, n, np.float32, ReduceOp.AVERAGE, 1.0)):
+            bad.append(step)
+        eng.submit(f"new.{step}", "allreduce", np.ones(3), op=ReduceOp.SUM, lazy=True).wait(WAIT)
+    eng.shutdown()
+    comm.close()
+    return {"codes": codes, "bad": bad}

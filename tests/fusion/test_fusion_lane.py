@@ -59,3 +59,16 @@ def test_a_new_signature_beside_the_lane_fails_every_rank_as_a_mismatch(size):
     for r, res in enumerate(per_rank):
         assert res["error"].startswith("MismatchError") and "'g'" in res["error"], (r, res)
     assert any(res["handovers"] >= 1 for r, res in enumerate(per_rank) if r != 1), per_rank
+
+
+def test_new_names_leave_the_other_armed_slots_in_the_lane():
+    steps = 20
+    for res in run_local(checks.new_names_leave_other_slots_armed, 2, args=(steps,), timeout=120):
+        assert res["bad"] == [], res
+        codes = res["codes"]
+        # first run arms; the step with a new shape evicts the name's bit (a fallback), and
+        # the step after it runs the old shape again, which must re-arm too; every other
+        # step stays in the lane although a new name negotiated just before it
+        assert codes[0] != checks.DONE and codes[steps // 2] != checks.DONE, codes
+        rest = [c for i, c in enumerate(codes) if i not in (0, steps // 2, steps // 2 + 1)]
+        assert rest == [checks.DONE] * len(rest), codes

@@ -44,6 +44,22 @@ def test_a_full_cache_evicts_the_least_recently_used_entry():
     assert {cache.by_name(n) for n in "acd"} == {sig("a"), sig("c"), sig("d")}
 
 
+def test_the_cache_reports_only_the_bits_that_changed():
+    """What the lane's slots go stale by: a put and an eviction name their bits, and the
+    bits of the other entries never move."""
+    cache = ResponseCache(capacity=3)
+    for name in "abc":
+        cache.put(sig(name))
+    assert cache.take_changed() == [0, 1, 2] and cache.take_changed() == []
+    cache.put(sig("b", 5))  # a new shape for 'b': its bit is freed and given again
+    assert cache.take_changed() == [1] and cache.bit(sig("b", 5)) == 1
+    cache.at(cache.bit(sig("b", 5)))
+    cache.at(cache.bit(sig("c")))
+    cache.put(sig("d"))  # full: 'a', the least recently used, gives up bit 0
+    assert cache.take_changed() == [0] and cache.bit(sig("d")) == 0
+    assert [cache.bit(s) for s in (sig("b", 5), sig("c"))] == [1, 2]
+
+
 def test_the_table_agrees_once_every_active_rank_announced():
     table = MessageTable(3)
     table.add(0, sig("x"))

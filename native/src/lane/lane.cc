@@ -64,12 +64,18 @@ void Lane::arm(int slot, int bit, size_t count, DType dt, double postscale, int6
     return;  // the dtypes scale() handles
   if (static_cast<size_t>(slot) >= slots_.size()) slots_.resize(slot + 1);
   Slot& s = slots_[slot];
+  s.armed = false;
+  if (size_ > 1 && (generation != generation_ || bit < 0 || static_cast<size_t>(bit) >= bit_epoch_.size()))
+    return;  // the cache changed since the engine read the bit: the next run falls back again
   s.armed = true, s.bit = bit, s.count = count, s.dtype = dt, s.postscale = postscale;
-  s.generation = generation;
+  s.epoch = size_ > 1 ? bit_epoch_[bit] : 0;
 }
 
-void Lane::set_cache(int64_t nbits, int64_t generation) {
+void Lane::set_cache(int64_t nbits, int64_t generation, const std::vector<int>& changed) {
   std::lock_guard<std::mutex> g(slots_mu_);
+  if (nbits > static_cast<int64_t>(bit_epoch_.size())) bit_epoch_.resize(nbits, 0);
+  for (int bit : changed)
+    if (bit >= 0 && static_cast<size_t>(bit) < bit_epoch_.size()) ++bit_epoch_[bit];
   nbits_ = nbits, generation_ = generation;
 }
 
@@ -91,7 +97,7 @@ std::vector<std::pair<uint64_t, int>> Lane::take_uses() {
   used_.erase(std::unique(used_.begin(), used_.end()), used_.end());
   for (int slot : used_) {
     const Slot& s = slots_[slot];
-    if (s.armed && s.generation == generation_) out.emplace_back(s.last_use, s.bit);
+    if (s.armed && s.epoch == bit_epoch_[s.bit]) out.emplace_back(s.last_use, s.bit);
   }
   used_.clear();
   std::sort(out.begin(), out.end());
@@ -102,7 +108,7 @@ bool Lane::usable(int slot, size_t bytes, Slot* out) {
   std::lock_guard<std::mutex> g(slots_mu_);
   if (slot < 0 || static_cast<size_t>(slot) >= slots_.size()) return false;
   const Slot& s = slots_[slot];
-  if (!s.armed || s.generation != generation_ || (size_ > 1 && (s.bit < 0 || s.bit >= nbits_)) ||
+  if (!s.armed || (size_ > 1 && (s.bit < 0 || s.bit >= nbits_ || s.epoch != bit_epoch_[s.bit])) ||
       s.count * itemsize(s.dtype) != bytes)
     return false;
   *out = s;

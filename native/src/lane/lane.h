@@ -58,10 +58,15 @@ class Lane {
 
   CycleLock lock;
 
-  // Called by the engine (Python).  Slots are armed after the engine ran the op once.
+  // Called by the engine (Python).  Slots are armed after the engine ran the op once, with
+  // the generation the engine last gave set_cache() when it read the bit from its cache:
+  // an older one (the cache changed meanwhile) leaves the slot unarmed.
   void arm(int slot, int bit, size_t count, DType dt, double postscale, int64_t generation);
-  // The cache layout changed (bits moved): every armed slot is stale until re-armed.
-  void set_cache(int64_t nbits, int64_t generation);
+  // The cache changed: it has nbits bits, and the bits in `changed` were freed or given to
+  // another signature.  Only the slots armed on those bits go stale (bits never move, so
+  // a cached entry keeps its bit until evicted): a new name, an unnamed op or a barrier
+  // leaves every other armed slot running in the lane.
+  void set_cache(int64_t nbits, int64_t generation, const std::vector<int>& changed);
   // Off while this rank has joined, is shutting down, records a timeline, has stopped.
   void set_enabled(bool on) { enabled_.store(on); }
   // Stops the lane for good (before the Context goes); waits for a run in flight.
@@ -87,7 +92,7 @@ class Lane {
     size_t count = 0;
     DType dtype = DType::kFloat32;
     double postscale = 1.0;
-    int64_t generation = -1;
+    uint64_t epoch = 0;  // bit_epoch_[bit] when armed
     uint64_t last_use = 0;
   };
   bool usable(int slot, size_t bytes, Slot* out);
@@ -100,6 +105,7 @@ class Lane {
   std::vector<Slot> slots_;
   std::vector<int> used_;
   int64_t nbits_ = 0, generation_ = 0;
+  std::vector<uint64_t> bit_epoch_;  // per cache bit: how many times it was freed or reassigned
   uint64_t uses_ = 0;
   std::vector<int32_t> vec_;
   std::atomic<uint64_t> synced_ns_{0}, cycles_{0}, bytes_{0}, collective_ns_{0};
