@@ -18,7 +18,7 @@ from collectives.settings import SETTINGS as _COLLECTIVES
 from collectives.settings import FINISH_GRACE, Setting, parse_bool
 
 __all__ = ["DriverSettings", "table", "RENDEZVOUS", "CLIENT_ADDRESS", "WARM_START", "START_TIMEOUT",
-           "PARQUET_DIRECT", "TF_LANE", "CACHE", "PROGRESS", "LOG_CALLBACK", "DYNAMIC_PROCESS_SETS"]
+           "PARQUET_DIRECT", "TF_LANE", "TORCH_LANE", "CACHE", "PROGRESS", "LOG_CALLBACK", "DYNAMIC_PROCESS_SETS"]
 
 
 def _rendezvous(text: str) -> str:
@@ -41,6 +41,8 @@ PARQUET_DIRECT = Setting("HOROVOD_SPARK_PARQUET_DIRECT", True, parse_bool, "driv
                          "the estimator's ranks read a Parquet DataFrame's files themselves")
 TF_LANE = Setting("HOROVOD_SPARK_TF_LANE", True, parse_bool, "rank",
                   "TensorFlow's traced allreduces run as the native lane op")
+TORCH_LANE = Setting("HOROVOD_SPARK_TORCH_LANE", True, parse_bool, "rank",
+                     "torch's blocking named allreduces of CPU tensors run in the native lane")
 CACHE = Setting("HOROVOD_SPARK_CACHE", None, str, "rank",
                 "where the TensorFlow lane op is compiled to")
 DYNAMIC_PROCESS_SETS = Setting("HOROVOD_DYNAMIC_PROCESS_SETS", False, parse_bool, "rank",
@@ -50,7 +52,8 @@ PROGRESS = Setting("HVS_PROGRESS", False, parse_bool, "rank",
 LOG_CALLBACK = Setting("HVS_LOG_CALLBACK", False, parse_bool, "rank",
                        "log_to_driver marks its lines (the Spark task filters on it)", contract=True)
 
-_OWN = (RENDEZVOUS, CLIENT_ADDRESS, WARM_START, START_TIMEOUT, PARQUET_DIRECT, TF_LANE, CACHE, PROGRESS,
+_OWN = (RENDEZVOUS, CLIENT_ADDRESS, WARM_START, START_TIMEOUT, PARQUET_DIRECT, TF_LANE, TORCH_LANE, CACHE,
+        PROGRESS,
         LOG_CALLBACK, DYNAMIC_PROCESS_SETS)
 _PREFIXES = ("HOROVOD_SPARK_", "HVS_")
 _warned: set = set()

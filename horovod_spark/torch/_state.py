@@ -47,7 +47,7 @@ def _pin_gpu() -> None:
         torch.cuda.set_device(ordinal)
 
 
-STATE = HorovodState("horovod_spark.torch", __name__, on_init=_on_init)
+STATE = HorovodState("horovod_spark.torch", __name__, on_init=_on_init, lane=True)
 
 init, shutdown, is_initialized = STATE.init, STATE.shutdown, STATE.is_initialized
 communicator, engine = STATE.communicator, STATE.engine
