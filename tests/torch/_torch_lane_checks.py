@@ -76,6 +76,20 @@ def one_name_with_new_shapes_and_dtypes_still_matches(hvd):
             np.testing.assert_array_equal(got.numpy(), want(n, step + rep, shape, dtype, hvd.Sum, 1.0, hvd))
 
 
+def horovods_metric_average_runs_in_the_lane(hvd):
+    """Horovod's examples' metric_average: a 0-d tensor of a Python float, averaged by name
+    every epoch."""
+    r, n = hvd.rank(), hvd.size()
+    before = lane_cycles(hvd)
+    for epoch in range(10):
+        for name in ("avg_loss", "avg_accuracy"):
+            avg = hvd.allreduce(torch.tensor(float(r + epoch)), name=name)
+            assert avg.shape == () and avg.dtype == torch.float32
+            assert avg.item() == np.float32(sum(range(n)) + n * epoch) * np.float32(1.0 / n), avg
+    ran = lane_cycles(hvd) - before
+    assert ran >= 18 if lane_on() else ran == 0, ran
+
+
 def ops_outside_the_lane_still_match_and_leave_it_alone(hvd):
     """Unnamed, non-contiguous, integer, bfloat16, prescaled, Min, a process set: the
     engine's path, each correct, and the lane runs none of them."""
@@ -198,6 +212,7 @@ def a_new_shape_on_one_rank_is_a_mismatch_on_every_rank(hvd):
 
 
 CHECKS = [named_ops_run_in_the_lane_and_match_numpy, one_name_with_new_shapes_and_dtypes_still_matches,
+          horovods_metric_average_runs_in_the_lane,
           ops_outside_the_lane_still_match_and_leave_it_alone, gradients_flow_through_a_named_allreduce,
           pending_async_ops_and_the_lane_share_cycles, threads_with_their_own_names_share_the_lane,
           a_join_hands_the_lanes_cycle_to_the_engine,
