@@ -15,6 +15,8 @@ import traceback
 import numpy as np
 import torch
 
+from _torch_support import run_checks
+
 
 def set_ranks(n: int) -> list:
     return [[r for r in range(n) if r % 2 == 0], [r for r in range(n) if r % 2 == 1],
@@ -295,12 +297,6 @@ def run_all(mode: str) -> dict:
     else:
         hvd.init(process_sets="dynamic" if mode == "dynamic" else None)
         sets = [hvd.add_process_set(ranks) for ranks in set_ranks(n)]
-    results = {}
-    for check in CHECKS:
-        try:
-            check(hvd, sets)
-            results[check.__name__] = "ok"
-        except Exception:
-            results[check.__name__] = traceback.format_exc()
+    results = run_checks(CHECKS, hvd, sets)
     hvd.shutdown()
     return results

@@ -5,10 +5,10 @@ again, from the definition, as a recursion over halves of the rank list.
 """
 from __future__ import annotations
 
-import traceback
-
 import numpy as np
 import torch
+
+from _torch_support import run_checks
 
 
 def reference(vectors: list, dtype) -> np.ndarray:
@@ -153,12 +153,7 @@ def run_all() -> dict:
     if hvd.size() & (hvd.size() - 1):  # not a power of two: every Adasum op is refused
         results["refused"] = _refused_off_powers_of_two(hvd)
     else:
-        for check in CHECKS:
-            try:
-                check(hvd)
-                results[check.__name__] = "ok"
-            except Exception:
-                results[check.__name__] = traceback.format_exc()
+        results.update(run_checks(CHECKS, hvd))
     hvd.shutdown()
     return results
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import os
 import re
-import traceback
 
 import numpy as np
 import torch
+
+from _torch_support import run_checks
 
 DTYPES = (torch.float32, torch.float64, torch.float16)
 
@@ -227,13 +228,7 @@ def run_all(lane_off_on=()) -> dict:
         os.environ["HOROVOD_SPARK_TORCH_LANE"] = "0"
     import horovod_spark.torch as hvd
     hvd.init()
-    results = {}
-    for check in CHECKS:
-        try:
-            check(hvd)
-            results[check.__name__] = "ok"
-        except Exception:
-            results[check.__name__] = traceback.format_exc()
+    results = run_checks(CHECKS, hvd)
     results["lane_cycles"] = lane_cycles(hvd)
     hvd.shutdown()
     return results

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import os
 import re
-import traceback
 
 import numpy as np
 import torch
+
+from _torch_support import run_checks
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32,
           torch.int64, torch.uint8)
@@ -269,11 +270,6 @@ def run_all() -> dict:
     except ValueError as exc:
         results["rank_before_init_is_a_clear_error"] = "ok" if "hvd.init()" in str(exc) else str(exc)
     hvd.init()
-    for check in CHECKS:
-        try:
-            check(hvd)
-            results[check.__name__] = "ok"
-        except Exception:
-            results[check.__name__] = traceback.format_exc()
+    results.update(run_checks(CHECKS, hvd))
     hvd.shutdown()
     return results

@@ -7,10 +7,10 @@ against numpy.
 """
 from __future__ import annotations
 
-import traceback
-
 import numpy as np
 import torch
+
+from _torch_support import run_checks
 
 
 def ints(r: int, dtype=torch.int32, n: int = 6) -> torch.Tensor:
@@ -244,12 +244,6 @@ def run_all() -> dict:
     torch.set_num_threads(1)
     import horovod_spark.torch as hvd
     hvd.init()
-    results = {}
-    for check in CHECKS:
-        try:
-            check(hvd)
-            results[check.__name__] = "ok"
-        except Exception:
-            results[check.__name__] = traceback.format_exc()
+    results = run_checks(CHECKS, hvd)
     hvd.shutdown()
     return results

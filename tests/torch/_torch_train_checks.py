@@ -16,6 +16,8 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from _torch_support import run_checks
+
 BATCH, STEPS, LR = 12, 4, 0.1
 
 
@@ -337,13 +339,7 @@ def run_all(timeline: str) -> dict:
     torch.set_num_threads(1)
     import horovod_spark.torch as hvd
     hvd.init()
-    results = {}
-    for check in CHECKS:
-        try:
-            check(hvd)
-            results[check.__name__] = "ok"
-        except Exception:
-            results[check.__name__] = traceback.format_exc()
+    results = run_checks(CHECKS, hvd)
     rank = hvd.rank()
     hvd.shutdown()
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 import _torch_adasum_checks as checks
+from _torch_support import assert_ok
 from collectives.launch import run_local
 
 ENV = {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
@@ -22,8 +23,7 @@ def results():
 
 @pytest.mark.parametrize("check", [c.__name__ for c in checks.CHECKS])
 def test_adasum_matches_the_reference_tree(results, check):
-    bad = [f"rank {r}:\n{text}" for r, text in enumerate(results[check]) if text != "ok"]
-    assert not bad, "\n".join(bad)
+    assert_ok(results[check])
 
 
 def test_adasum_off_a_power_of_two_world_is_refused_saying_why():

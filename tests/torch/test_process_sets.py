@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 import _process_set_checks as checks
+from _torch_support import assert_ok
 from collectives.launch import run_local
 
 ENV = {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
@@ -29,5 +30,4 @@ def results(request):
 
 @pytest.mark.parametrize("check", [c.__name__ for c in checks.CHECKS])
 def test_process_sets(results, check):
-    bad = [f"rank {r}:\n{text}" for r, text in enumerate(results[check]) if text != "ok"]
-    assert not bad, "\n".join(bad)
+    assert_ok(results[check])

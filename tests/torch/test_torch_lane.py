@@ -9,6 +9,7 @@ import json
 import pytest
 
 import _torch_lane_checks as checks
+from _torch_support import assert_ok
 from collectives.launch import RankFailed, run_local
 
 ENV = {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
@@ -24,8 +25,7 @@ def results(request):
 
 @pytest.mark.parametrize("check", [c.__name__ for c in checks.CHECKS])
 def test_torch_lane(results, check):
-    bad = [f"rank {r}:\n{res[check]}" for r, res in enumerate(results["per_rank"]) if res[check] != "ok"]
-    assert not bad, "\n".join(bad)
+    assert_ok([res[check] for res in results["per_rank"]])
 
 
 def test_the_lane_ran_only_where_it_is_on(results):

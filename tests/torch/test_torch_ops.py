@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 import _torch_ops_checks as checks
+from _torch_support import assert_ok
 from collectives.launch import run_local
 
 ENV = {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
@@ -19,15 +20,10 @@ def results(request):
     return {name: [res[name] for res in per_rank] for name in per_rank[0]}
 
 
-def _ok(results, name):
-    bad = [f"rank {r}:\n{text}" for r, text in enumerate(results[name]) if text != "ok"]
-    assert not bad, "\n".join(bad)
-
-
 def test_rank_before_init_is_a_clear_error(results):
-    _ok(results, "rank_before_init_is_a_clear_error")
+    assert_ok(results["rank_before_init_is_a_clear_error"])
 
 
 @pytest.mark.parametrize("check", [c.__name__ for c in checks.CHECKS])
 def test_torch_op(results, check):
-    _ok(results, check)
+    assert_ok(results[check])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 import _torch_parity_checks as checks
+from _torch_support import assert_ok
 from collectives.launch import run_local
 
 ENV = {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
@@ -20,5 +21,4 @@ def results(request):
 
 @pytest.mark.parametrize("check", [c.__name__ for c in checks.CHECKS])
 def test_torch_matches_horovod(results, check):
-    bad = [f"rank {r}:\n{text}" for r, text in enumerate(results[check]) if text != "ok"]
-    assert not bad, "\n".join(bad)
+    assert_ok(results[check])

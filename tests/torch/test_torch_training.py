@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 import _torch_train_checks as checks
+from _torch_support import assert_ok
 from collectives.launch import run_local
 
 
@@ -20,15 +21,10 @@ def results(tmp_path_factory):
     return {name: [res[name] for res in per_rank] for name in per_rank[0]}
 
 
-def _ok(results, name):
-    bad = [f"rank {r}:\n{text}" for r, text in enumerate(results[name]) if text != "ok"]
-    assert not bad, "\n".join(bad)
-
-
 @pytest.mark.parametrize("check", [c.__name__ for c in checks.CHECKS])
 def test_distributed_optimizer(results, check):
-    _ok(results, check)
+    assert_ok(results[check])
 
 
 def test_the_timeline_of_training_records_every_gradient(results):
-    _ok(results, "the_timeline_records_every_gradient")
+    assert_ok(results["the_timeline_records_every_gradient"])
