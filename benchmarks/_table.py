@@ -17,7 +17,8 @@ import os
 import platform
 from typing import Iterable, Optional, Sequence
 
-__all__ = ["bus_factor", "complete", "format_table", "write_json", "human_size"]
+__all__ = ["bus_factor", "complete", "format_table", "write_json", "human_size", "parse_size",
+           "size_range"]
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -46,6 +47,22 @@ def human_size(nbytes: int) -> str:
         if nbytes >= div and nbytes % div == 0:
             return f"{nbytes // div} {unit}"
     return f"{nbytes} B"
+
+
+def parse_size(text: str) -> int:
+    """'4K', '16MiB', '1G' or plain bytes: a size in bytes (the scripts' --min/--max)."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().rstrip("B").rstrip("I")
+    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+
+
+def size_range(low: str, high: str, factor: int = 2) -> list:
+    """Sizes from parse_size(low) up to parse_size(high), each `factor` times the last."""
+    sizes, size, top = [], parse_size(low), parse_size(high)
+    while size <= top:
+        sizes.append(size)
+        size *= factor
+    return sizes
 
 
 def _cell(res: Optional[dict]) -> str:

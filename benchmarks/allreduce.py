@@ -30,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-from _table import complete, format_table, human_size, write_json  # noqa: E402
+from _table import complete, format_table, human_size, parse_size, size_range, write_json  # noqa: E402
 
 IMPLS = ("shm", "tcp", "gloo", "mpich")
 RATIOS = (("shm", "mpich"), ("shm", "gloo"), ("tcp", "gloo"), ("tcp", "mpich"))
@@ -195,12 +195,6 @@ def _int_keys(res: dict) -> dict:
 
 
 # -- driver ------------------------------------------------------------------
-def _parse_size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().rstrip("B").rstrip("I")
-    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
-
-
 def _tables(per_impl: dict, n: int, spec: dict, impls: list) -> tuple:
     rows = []
     for nbytes in spec["sizes"]:
@@ -247,12 +241,9 @@ def main(argv=None) -> int:
     if ns.mpi_rank:
         _mpi_rank(json.loads(ns.mpi_rank))
         return 0
-    sizes, s = [], _parse_size(ns.min)
-    while s <= _parse_size(ns.max):
-        sizes.append(s)
-        s *= 2
+    sizes = size_range(ns.min, ns.max)
     spec = {"sizes": sizes, "budget": ns.budget, "reps": ns.reps, "many_reps": 0 if ns.no_many else 5,
-            "memory_bytes": _parse_size(ns.memory)}
+            "memory_bytes": parse_size(ns.memory)}
     impls = [x for x in ns.only.split(",") if x]
     if ns.raw:
         impls += [f"{x}-raw" for x in ("shm", "tcp") if x in impls]

@@ -29,18 +29,14 @@ import numpy as np
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path[:0] = [REPO, os.path.dirname(os.path.abspath(__file__))]
 
-
-def _size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().rstrip("B").rstrip("I")
-    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+from _table import parse_size  # noqa: E402
 
 
 def _args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--np", type=int, default=2, help="ranks to launch (default 2)")
-    p.add_argument("--min", type=_size, default=4 << 10, help="smallest buffer, bytes (4K)")
-    p.add_argument("--max", type=_size, default=64 << 20, help="largest buffer, bytes (64M)")
+    p.add_argument("--min", type=parse_size, default=4 << 10, help="smallest buffer, bytes (4K)")
+    p.add_argument("--max", type=parse_size, default=64 << 20, help="largest buffer, bytes (64M)")
     p.add_argument("--iters", type=int, default=0, help="calls per rep (0: by size)")
     p.add_argument("--reps", type=int, default=9, help="reps per side per size")
     p.add_argument("--json", default="", help="path of the JSON (default: benchmarks/results/mpi_backend-<time>.json)")

@@ -28,7 +28,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 from _peers import free_port, gloo_init, load  # noqa: E402
-from _table import complete, format_table, human_size, write_json  # noqa: E402
+from _table import complete, format_table, human_size, size_range, write_json  # noqa: E402
 
 IMPLS = ("lane", "engine", "gloo", "comm")
 RATIOS = (("lane", "gloo"), ("engine", "gloo"), ("lane", "engine"))
@@ -126,12 +126,6 @@ def run_impl(name: str, n: int, spec: dict) -> list:
     raise ValueError(f"unknown implementation {name!r}; use {', '.join(IMPLS)}")
 
 
-def _parse_size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().rstrip("B").rstrip("I")
-    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--np", type=int, default=2, help="ranks (default 2)")
@@ -145,10 +139,7 @@ def main(argv=None) -> int:
     bad = [s for s in impls if s not in IMPLS]
     if bad:
         p.error(f"unknown implementation(s) {bad}; use {', '.join(IMPLS)}")
-    sizes, size = [], _parse_size(args.min)
-    while size <= _parse_size(args.max):
-        sizes.append(size)
-        size *= 4
+    sizes = size_range(args.min, args.max, 4)
     spec = {"sizes": sizes, "budget": args.budget, "reps": args.reps}
     t0, before = time.perf_counter(), load()
     per_impl = {name: run_impl(name, args.np, spec) for name in impls}
