@@ -53,7 +53,7 @@ class Lane:
         self.native, self._cache = native, cache
         self.generation, self._version = 0, -1
         self._base = dict.fromkeys(("cycles", "bytes", "collective_s"), 0)
-        native.set_cache(0, 0)
+        native.set_cache(0, 0, [])
 
     @classmethod
     def make(cls, comm, cache) -> Optional["Lane"]:

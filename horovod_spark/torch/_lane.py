@@ -63,11 +63,12 @@ def _slots() -> _Slots:
 
 
 def allreduce(tensor: torch.Tensor, name: Optional[str], op, pre: float, post: float,
-              inplace: bool) -> Optional[torch.Tensor]:
+              inplace: bool, process_set) -> Optional[torch.Tensor]:
     """`tensor` reduced through the lane: into itself (inplace) or a new tensor; None where
     this path does not apply (nothing was done: the caller's path runs)."""
     if (name is None or pre != 1.0 or op not in _OPS or tensor.dtype not in _DTYPES
-            or tensor.device.type != "cpu" or not tensor.is_contiguous()):
+            or tensor.device.type != "cpu" or not tensor.is_contiguous()
+            or _state.view(process_set, "allreduce") is not None):  # the global set only
         return None
     n = tensor.numel()
     if n == 0:

@@ -42,10 +42,9 @@ class _Allreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, pre, post, ps):
         ctx.args = (op, pre, post, ps)
-        if _state.view(ps, "allreduce") is None:  # the global set: a named op may take the lane
-            out = _lane.allreduce(tensor, name, op, pre, post, inplace=False)
-            if out is not None:
-                return out
+        out = _lane.allreduce(tensor, name, op, pre, post, inplace=False, process_set=ps)
+        if out is not None:
+            return out
         return _now(lambda: M.allreduce_async(tensor, name=name, op=op, prescale_factor=pre,
                                                postscale_factor=post, process_set=ps))
 
@@ -71,10 +70,9 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=M.global_process_set):
     """Reduce `tensor` over every rank in place; returns it."""
-    if _state.view(process_set, "allreduce") is None:  # the global set: a named op may take the lane
-        op_ = M.handle_average_backwards_compatibility(op, average)
-        if _lane.allreduce(tensor, name, op_, prescale_factor, postscale_factor, inplace=True) is not None:
-            return tensor
+    if _lane.allreduce(tensor, name, M.handle_average_backwards_compatibility(op, average),
+                       prescale_factor, postscale_factor, inplace=True, process_set=process_set) is not None:
+        return tensor
     return _now(lambda: M.allreduce_async_(tensor, average, name, op, prescale_factor,
                                             postscale_factor, process_set))
 

@@ -262,7 +262,7 @@ void bind_lane(py::module_& m) {
       }, "slot"_a, "bit"_a, "count"_a, "dtype"_a, "postscale"_a, "generation"_a)
       .def("set_cache", [](PyLane& l, int64_t nbits, int64_t generation, std::vector<int> changed) {
         l.lane->set_cache(nbits, generation, changed);
-      }, "nbits"_a, "generation"_a, "changed"_a = std::vector<int>())
+      }, "nbits"_a, "generation"_a, "changed"_a)
       .def("set_enabled", [](PyLane& l, bool on) { l.lane->set_enabled(on); }, "on"_a)
       .def("close", [](PyLane& l, double timeout) {
         py::gil_scoped_release nogil;
