@@ -28,7 +28,6 @@ from collectives.types import ReduceOp
 
 from .._job.settings import TORCH_LANE
 from . import _state
-from ._errors import InvalidArgument
 
 __all__ = ["allreduce", "MAX_SLOTS"]
 
@@ -90,10 +89,6 @@ def allreduce(tensor: torch.Tensor, name: Optional[str], op, pre: float, post: f
     code = s.lane.run_at(slot, tensor.data_ptr(), dst.data_ptr(), n * tensor.element_size())
     if code != s.done:  # first run, a stale or switched-off slot, a handover or an error
         src = tensor.detach().numpy()
-        try:
+        with _state.refused_as_invalid_argument():  # as _state.submit refuses an argument
             s.engine.lane_op(code, slot, full, src, src if inplace else dst.numpy(), op, post)
-        except ValueError as exc:  # as _state.submit refuses an argument
-            if isinstance(exc, InvalidArgument):
-                raise
-            raise InvalidArgument(str(exc)) from exc
     return dst

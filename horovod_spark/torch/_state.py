@@ -16,7 +16,8 @@ from typing import Optional
 from .._hvd import HorovodState
 from ._errors import InvalidArgument
 
-__all__ = ["init", "shutdown", "is_initialized", "engine", "submit", "waiting_now", "view",
+__all__ = ["init", "shutdown", "is_initialized", "engine", "submit", "refused_as_invalid_argument",
+           "waiting_now", "view",
            "set_size", "set_rank", "global_process_set", "add_process_set", "remove_process_set",
            "communicator", "rank", "size",
            "local_rank", "local_size", "cross_rank", "cross_size", "is_homogeneous",
@@ -96,8 +97,15 @@ def submit(name: str, kind: str, *args, view=None, **kwargs):
     refused argument is an InvalidArgument (a ValueError, and the RuntimeError a Horovod
     script catches)."""
     eng = engine() if view is None else view
-    try:
+    with refused_as_invalid_argument():
         return eng.submit(name, kind, *args, lazy=getattr(_local, "now", False), **kwargs)
+
+
+@contextlib.contextmanager
+def refused_as_invalid_argument():
+    """An argument the engine refuses (a ValueError) becomes an InvalidArgument."""
+    try:
+        yield
     except ValueError as exc:
         if isinstance(exc, InvalidArgument):
             raise
