@@ -21,6 +21,7 @@ import time
 from typing import Dict
 
 from . import auth
+from .accept import AcceptGate
 from ..backends.base import Topology
 from ..errors import AuthenticationError, CollectiveTimeout, PeerLostError, describe
 from .store import Store
@@ -93,9 +94,11 @@ def _publish(store, rank, size, host, listener, prefix, timeout):
 
 def _accept_peers(listener, rank, size, secret, deadline, socks, errors, stats):
     """Accept every higher rank; each handshake runs in its own thread, so a silent
-    or slow stranger never holds up the real peers behind it."""
+    or slow stranger never holds up the real peers behind it, and at most
+    MAX_PENDING wait at once, as at every other server (`accept.AcceptGate`)."""
     want = set(range(rank + 1, size))
     lock, done = threading.Lock(), threading.Event()
+    gate = AcceptGate()
 
     def vet(conn):
         try:
@@ -104,6 +107,8 @@ def _accept_peers(listener, rank, size, secret, deadline, socks, errors, stats):
             peer = struct.unpack(">i", auth.recv_exact(conn, 4, time.monotonic() + left))[0]
         except (AuthenticationError, OSError, ConnectionError):
             peer = None
+        finally:
+            gate.release(conn)
         with lock:
             if peer not in want:
                 stats["rejected"] += 1
@@ -130,6 +135,7 @@ def _accept_peers(listener, rank, size, secret, deadline, socks, errors, stats):
             continue
         except OSError:  # the listener was closed: bootstrap failed elsewhere
             return
+        gate.admit(conn)
         threading.Thread(target=vet, args=(conn,), daemon=True).start()
 
 
