@@ -140,6 +140,8 @@ CONTRACT = tuple(Setting(name, None, parse, "rank", doc, contract=True) for name
     ("HVS_CROSS_RANK", int, "index of this host"), ("HVS_CROSS_SIZE", int, "hosts"),
     ("HVS_HOST", str, "host identity"), ("HVS_BIND_ADDR", str, "address to bind to"),
     ("HVS_STORE_ADDR", str, "host:port of the rendezvous store"),
-    ("HVS_SECRET", str, "hex of the per-job secret"), ("HVS_JOB", str, "key prefix of the attempt"),
+    ("HVS_CHANNEL", str, "descriptor and inode of the rank's channel, which carries the secret"),
+    ("HVS_SECRET", str, "hex of the per-job secret, where no channel is given (a launch by hand)"),
+    ("HVS_JOB", str, "key prefix of the attempt"),
     ("HVS_GPU_ORDINAL", int, "CUDA ordinal of this rank's own GPU (optional)"),
 )) + (WARM_REPORT, RETURN_RANKS)

@@ -15,12 +15,13 @@ import os
 import subprocess
 import sys
 import uuid
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import cloudpickle
 
 from ..rendezvous import auth
-from .procs import RankFailed, RankGroup, dying_with_parent, finish_grace
+from .channel import LauncherEnd
+from .procs import RankFailed, RankGroup, finish_grace, kept
 from .rankenv import RankEnv, rank_envs
 from ..rendezvous.store import TCPStore
 
@@ -37,23 +38,43 @@ def _driver_path(existing: str) -> str:
 
 
 def start_ranks(cmd: Sequence[str], np_: int, env: Optional[dict] = None, hosts=None,
-                stdout=None, stderr=None, secret: Optional[bytes] = None, prefix_output: bool = True):
-    """Start np_ processes running cmd with the rank environment; returns (group, store)."""
+                stdout=None, stderr=None, secret: Optional[bytes] = None, prefix_output: bool = True,
+                payload: Optional[bytes] = None,
+                prepare: Optional[Callable[[TCPStore, str], None]] = None):
+    """Start np_ kept processes running cmd with the rank environment, each sent the secret
+    (and `payload`) on its own channel; `prepare(store, job)` runs before they start.
+    Returns (group, store)."""
     if not isinstance(np_, int) or np_ < 1:
         raise ValueError(f"np must be a positive number of ranks, got {np_!r}")
     secret = secret or auth.new_secret()
     server = TCPStore.serve("127.0.0.1", secret)
     job = f"job-{uuid.uuid4().hex[:12]}"
-    procs = []
-    for renv in rank_envs(np_, server.address, secret, job, hosts):
-        child_env = dict(os.environ)
-        child_env["PYTHONPATH"] = _driver_path(child_env.get("PYTHONPATH", ""))
-        child_env.update(env or {})
-        child_env.update(renv.to_environ())
-        procs.append(subprocess.Popen(dying_with_parent(cmd), env=child_env,
-                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, start_new_session=True))
-    group = RankGroup(procs, server, job, stdout or sys.stdout, stderr or sys.stderr, prefix_output)
+    procs, channels = [], []
+    try:
+        if prepare is not None:
+            prepare(server, job)
+        for renv in rank_envs(np_, server.address, secret, job, hosts):
+            channel = LauncherEnd(secret, payload)
+            channels.append(channel)
+            child_env = dict(os.environ)
+            child_env["PYTHONPATH"] = _driver_path(child_env.get("PYTHONPATH", ""))
+            child_env.update(env or {})
+            child_env.update(renv.to_environ())
+            child_env.update(channel.environ())
+            procs.append(subprocess.Popen(kept(cmd), env=child_env, pass_fds=(channel.rank_fd,),
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, start_new_session=True))
+            channel.started()
+    except BaseException:
+        for p in procs:
+            p.kill()
+            p.wait()
+        for channel in channels:
+            channel.close()
+        server.close()
+        raise
+    group = RankGroup(procs, server, job, stdout or sys.stdout, stderr or sys.stderr, prefix_output,
+                      channels)
     return group, server
 
 
@@ -79,9 +100,8 @@ def run_local(fn, np: int, args: Sequence = (), kwargs: Optional[dict] = None,
         blob = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
     except Exception as exc:
         raise TypeError(f"the function or its arguments cannot be pickled: {exc}") from exc
-    group, server = start_ranks([sys.executable, "-m", "collectives.launch.worker"], np, env, hosts,
-                                stdout, stderr, secret, prefix_output)
-    server.set(f"{group.job}/fn", blob)
+    group, _ = start_ranks([sys.executable, "-m", "collectives.launch.worker"], np, env, hosts,
+                           stdout, stderr, secret, prefix_output, payload=blob)
     with group:
         return group.wait_results(timeout, grace)
 

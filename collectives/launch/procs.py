@@ -24,8 +24,8 @@ from .. import settings
 from ..backends.shm_names import remove_segments_of
 from .record import Failure, RankResult, failure_text, root_cause, signal_name
 
-__all__ = ["RankFailed", "RankGroup", "die_with_parent", "dying_with_parent", "pump", "finish_grace", "unfinished_text",
-           "FINISH_GRACE"]
+__all__ = ["RankFailed", "RankGroup", "die_with_parent", "kept", "stop_kept", "pump", "finish_grace",
+           "unfinished_text", "FINISH_GRACE"]
 
 GRACE = 1.0
 TAIL = 20
@@ -63,23 +63,38 @@ def die_with_parent() -> None:
         _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-#: What a child runs first, instead of a preexec_fn: it asks for PR_SET_PDEATHSIG itself,
-#: checks that its parent is still the one that started it, then becomes the command.  A
-#: preexec_fn makes subprocess fork() where it would vfork(), which runs the parent's
-#: pthread_atfork handlers in the child: gRPC's (a Spark Connect session's client) then
-#: aborts some children before they exec.  The setting survives the exec.
-_PDEATH_SHIM = ("import ctypes, os, sys\n"
-                "ctypes.CDLL(None).prctl(1, 9)\n"  # PR_SET_PDEATHSIG, SIGKILL
-                "os.getppid() == int(sys.argv[1]) or os._exit(70)\n"
-                "os.execvp(sys.argv[2], sys.argv[2:])\n")
+#: The keeper (see keeper.py), run by path so that it needs no site-packages.
+KEEPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "keeper.py")
+#: Seconds a keeper told to stop may take before its process group is SIGKILLed.
+STOP_GRACE_S = 3.0
 
 
-def dying_with_parent(cmd) -> list:
-    """`cmd` started so that it dies with this process (see _PDEATH_SHIM); as is where
-    prctl is missing."""
-    if _PRCTL is None:
-        return list(cmd)
-    return [sys.executable, "-S", "-c", _PDEATH_SHIM, str(os.getpid()), *cmd]
+def kept(cmd) -> list:
+    """`cmd` started under a keeper (see keeper.py): it dies with this process, and nothing
+    it starts outlives it.  Run without a preexec_fn: one makes subprocess fork() where it
+    would vfork(), which runs the parent's pthread_atfork handlers in the child (gRPC's,
+    under a Spark Connect session's client, abort some children before they exec)."""
+    return [sys.executable, "-S", KEEPER, str(os.getpid()), *cmd]
+
+
+def stop_kept(procs, grace: float = STOP_GRACE_S) -> None:
+    """Stop the kept ranks `procs` (each has .pid, the keeper's, and .poll()): SIGTERM to
+    each keeper, which kills its rank and what the rank left; then, for a keeper still
+    there after `grace` seconds, SIGKILL to its process group."""
+    live = [p for p in procs if p.poll() is None]
+    for p in live:
+        try:
+            os.kill(p.pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+    end = time.monotonic() + grace
+    while time.monotonic() < end and any(p.poll() is None for p in live):
+        time.sleep(0.005)
+    for p in procs:
+        try:  # a keeper that did not stop; what is left in a rank's session
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def pump(pipe, on_line, lines=None) -> None:
@@ -127,8 +142,9 @@ class RankFailed(RuntimeError):
             status = f" (exit status {f.exitcode})"
         if f.reported_by is not None:
             status = f" (as rank {f.reported_by} reports)"
-        return failure_text(f"{who} failed{status}: {f.error_type}: {f.message}", self._who(),
-                            f.traceback, "\n".join(f.tail))
+        hint = f"; {f.hint}" if f.hint else ""
+        return failure_text(f"{who} failed{status}: {f.error_type}: {f.message}{hint}",
+                            self._who(), f.traceback, "\n".join(f.tail))
 
     def original(self) -> Optional[BaseException]:
         """The rank's own exception object, where it could be pickled."""
@@ -162,8 +178,12 @@ class _Sink:
 
 
 class RankGroup:
-    def __init__(self, procs, store, job: str, stdout, stderr, prefix_output: bool = True) -> None:
+    """Kept rank processes (see `kept`), each with its channel (`channel.LauncherEnd`)."""
+
+    def __init__(self, procs, store, job: str, stdout, stderr, prefix_output: bool = True,
+                 channels=()) -> None:
         self.procs, self.store, self.job = procs, store, job
+        self.channels = list(channels)
         self.tails = [collections.deque(maxlen=TAIL) for _ in procs]
         self._pumps = []
         for r, p in enumerate(procs):
@@ -174,8 +194,13 @@ class RankGroup:
                 self._pumps.append(t)
 
     def _result(self, rank: int) -> Optional[RankResult]:
-        key = f"{self.job}/result/{rank}"
-        return RankResult.decode(self.store.get(key)) if self.store.check(key) else None
+        """What the rank said on its own channel, once its process has ended (nothing else
+        can write there: a result planted in the store is never read)."""
+        if not self.channels or self.procs[rank].poll() is None:
+            return None
+        channel = self.channels[rank]
+        channel.finish()
+        return RankResult.decode(channel.result) if channel.result is not None else None
 
     def _failure(self, rank: int) -> Failure:
         rc = self.procs[rank].returncode
@@ -220,32 +245,20 @@ class RankGroup:
             time.sleep(0.005)
 
     def wait_results(self, timeout: Optional[float] = None, grace: float = FINISH_GRACE) -> list:
+        """Every rank's value, in rank order, once every rank exited 0 with a result."""
         self.wait_exit(timeout, grace)
         out = []
         for r in range(len(self.procs)):
             res = self._result(r)
             if res is None or not res.ok:
                 raise RankFailed(self._failure(r))
-            out.append(res.value())
-        return out
+            out.append(res)
+        return [loaded(r, res) for r, res in enumerate(out)]
 
     def kill(self) -> None:
-        """SIGTERM every rank's process group, then SIGKILL what is left."""
-        live = [p for p in self.procs if p.poll() is None]
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for p in live:
-                try:
-                    os.killpg(p.pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            end = time.monotonic() + 1.0
-            while time.monotonic() < end and any(p.poll() is None for p in live):
-                time.sleep(0.01)
+        """Stop every rank and what it left (see `stop_kept`); reap the keepers."""
+        stop_kept(self.procs)
         for p in self.procs:
-            try:  # grandchildren left in a rank's session
-                os.killpg(p.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
             p.wait()
 
     def __enter__(self):
@@ -255,6 +268,26 @@ class RankGroup:
         self.kill()
         for p in self.procs:  # what a rank killed between creating and sharing it left
             remove_segments_of(p.pid)
+        for channel in self.channels:
+            channel.close()
         for t in self._pumps:
             t.join(timeout=2.0)
         self.store.close()
+
+
+def loaded(rank: int, result: RankResult):
+    """A rank's value, unpickled here; RankFailed naming the rank where it cannot be."""
+    try:
+        return result.value()
+    except Exception as exc:
+        missing = isinstance(exc, ImportError) or "No module named" in str(exc)
+        hint = ("a module the value's classes live in is missing here (installed on the "
+                "ranks' machines only, or another version): install it where the job was "
+                "started, or return plain types (numbers, lists, numpy arrays, a state_dict, "
+                "a path)") if missing else (
+                "the value pickled on the rank but does not load here (another version of "
+                "a library?); return plain types (numbers, lists, numpy arrays, a path)")
+        raise RankFailed(Failure(rank, "ResultNotLoadable",
+                                 f"the return value of rank {rank} cannot be loaded where the "
+                                 f"job was started: {type(exc).__name__}: {exc}",
+                                 hint=hint)) from None

@@ -1,6 +1,9 @@
 """The rank environment: what every launcher hands a rank process.
 
-Read once, at the edge (`collectives.init()`); see docs/architecture.md.
+Read once, at the edge (`collectives.init()`); see docs/architecture.md.  The job's
+secret is not in it: the launchers of this package send it on the rank's own channel
+(`channel.RankEnd`); HVS_SECRET is read only where no channel was given (a launch made
+by hand), and leaves this process's environment when read.
 """
 from __future__ import annotations
 
@@ -17,6 +20,11 @@ _TAKEN: dict = {}
 
 
 def _own_environ() -> Mapping[str, str]:
+    from .channel import RankEnd
+
+    end = RankEnd.of_this_process()
+    if end is not None and "HVS_RANK" in os.environ:
+        _TAKEN["HVS_SECRET"] = end.secret().hex()
     secret = os.environ.pop("HVS_SECRET", None)
     if secret is not None:
         _TAKEN["HVS_SECRET"] = secret
@@ -61,12 +69,13 @@ class RankEnv:
                              "variable of docs/architecture.md") from None
 
     def to_environ(self) -> dict:
+        """Every variable but the secret, which travels on the rank's channel."""
         return {
             "HVS_RANK": str(self.rank), "HVS_SIZE": str(self.size),
             "HVS_LOCAL_RANK": str(self.local_rank), "HVS_LOCAL_SIZE": str(self.local_size),
             "HVS_CROSS_RANK": str(self.cross_rank), "HVS_CROSS_SIZE": str(self.cross_size),
             "HVS_HOST": self.host, "HVS_BIND_ADDR": self.bind_addr,
-            "HVS_STORE_ADDR": self.store_addr, "HVS_SECRET": self.secret.hex(), "HVS_JOB": self.job,
+            "HVS_STORE_ADDR": self.store_addr, "HVS_JOB": self.job,
             "HOROVOD_RANK": str(self.rank), "HOROVOD_SIZE": str(self.size),
             "HOROVOD_LOCAL_RANK": str(self.local_rank), "HOROVOD_LOCAL_SIZE": str(self.local_size),
             "HOROVOD_CROSS_RANK": str(self.cross_rank), "HOROVOD_CROSS_SIZE": str(self.cross_size),

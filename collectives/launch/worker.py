@@ -1,8 +1,9 @@
 """The rank process `run_local` and the Spark task start.
 
-It reads the rank environment, fetches the cloudpickled (fn, args, kwargs)
-from the authenticated store, runs it, and writes back its `RankResult`: the
-pickled value, or the failure with its traceback and pickled exception.  Only the ranks in
+It reads the rank environment, takes the cloudpickled (fn, args, kwargs) from its
+launcher on its own channel (`channel.RankEnd`), runs it, and sends back on that channel
+its `RankResult`: the pickled value, or the failure with its traceback and pickled
+exception.  Only the ranks in
 HVS_RETURN_RANKS (unset: all; "0" under HorovodRunner) pickle their value: the
 others' is thrown away, so it never travels and never fails the job.
 
@@ -21,11 +22,11 @@ import traceback
 
 import cloudpickle
 
+from .channel import RankEnd
 from .rankenv import RankEnv
 from .record import Failure, RankResult
 from ..settings import RETURN_RANKS
 from ..settings import WARM_REPORT
-from ..rendezvous.store import TCPStore
 
 
 #: Seconds the exit handlers may take after the result is stored.
@@ -63,13 +64,14 @@ def _returns_value(rank: int) -> bool:
 
 
 def main() -> int:
+    end = RankEnd.of_this_process()
     env = RankEnv.from_environ()
-    if env is None:
-        print("collectives.launch.worker: no rank environment (HVS_RANK ...); start ranks with "
-              "collectives.launch or horovod_spark", file=sys.stderr)
+    if env is None or end is None:
+        print("collectives.launch.worker: no rank environment (HVS_RANK ...) or no channel "
+              "from a launcher (HVS_CHANNEL); start ranks with collectives.launch or "
+              "horovod_spark", file=sys.stderr)
         return 2
-    store = TCPStore.connect(env.store_addr, env.secret)
-    fn, args, kwargs = cloudpickle.loads(store.get(f"{env.job}/fn"))
+    fn, args, kwargs = cloudpickle.loads(end.payload())
     code = 0
     try:
         value = fn(*args, **kwargs)
@@ -87,9 +89,8 @@ def main() -> int:
     report = WARM_REPORT.read()
     if report:  # which of these modules the function imported (the task's warm start)
         imported = [m for m in report.split(",") if m in sys.modules]
-        store.set(f"{env.job}/modules/{env.rank}", ",".join(imported).encode("ascii"))
-    store.set(f"{env.job}/result/{env.rank}", result.encode())
-    store.close()
+        end.report(",".join(imported).encode("ascii"))
+    end.result(result.encode())
     return code
 
 

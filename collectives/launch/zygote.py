@@ -21,24 +21,25 @@ nor connection.
 Protocol (one JSON object per packet, on each connection):
 
   zygote -> owner  {"ready": [imported...], "failed": {module: error}}   first, after the imports
-  owner -> zygote  {"spawn": id, "env": {...}, "cwd": path}  + SCM_RIGHTS [stdout_w, stderr_w]
+  owner -> zygote  {"spawn": id, "env": {...}, "cwd": path}
+                   + SCM_RIGHTS [stdout_w, stderr_w, the rank end of the rank's channel]
   zygote -> owner  {"spawn": id, "pid": pid}  or  {"spawn": id, "error": text}
   zygote -> owner  {"exit": pid, "status": rc}   rc as subprocess.Popen.returncode
   owner -> zygote  {"retire": true}   stop listening (shared zygotes)
 
-A spawned child behaves as `python -m collectives.launch.worker` started with `env`
-and `cwd` would: its own session (its pid is its process group, so the owner
-kills it and its children with killpg), stdin from /dev/null, stdout and
-stderr on the owner's pipes, a fresh seed for `random` and numpy's global
-generator, torch's thread count from OMP_NUM_THREADS when the env sets it.
-The zygote answers with the pid only after the child has left the zygote's
-session, so a kill that follows the answer cannot miss it.
+A spawned child is a keeper (`keeper.keep`) of a rank that behaves as `python -m
+collectives.launch.worker` under `keeper.py`, started with `env` and `cwd`, would: its
+own session (the keeper's pid is its process group), stdin from /dev/null, stdout and
+stderr on the owner's pipes, its channel (HVS_CHANNEL names it), a fresh seed for
+`random` and numpy's global generator, torch's thread count from OMP_NUM_THREADS when
+the env sets it.  The zygote answers with the keeper's pid only after it has left the
+zygote's session, so a stop that follows the answer cannot miss it.
 
 Lifetime: a private zygote dies with the owner's thread that started it
 (PR_SET_PDEATHSIG), a shared one with its anchor, and every child dies with the
 zygote.  When a connection closes (its owner's process was killed, or closed it),
-the zygote kills the children that connection asked for; a private zygote then
-exits.  A zygote also exits after `HOROVOD_SPARK_ZYGOTE_IDLE_S` seconds (default
+the zygote stops the children that connection asked for (`procs.stop_kept`'s way); a
+private zygote then exits.  A zygote also exits after `HOROVOD_SPARK_ZYGOTE_IDLE_S` seconds (default
 600) without a request or a living child.  Only fork-safe modules belong in the
 preload list: the owner never preloads TensorFlow, Keras or JAX.
 """
@@ -57,7 +58,9 @@ import traceback
 from typing import Optional
 
 from ..settings import ZYGOTE_IDLE_S
-from .procs import die_with_parent
+from . import keeper
+from .channel import CHANNEL_VAR
+from .procs import STOP_GRACE_S, die_with_parent
 
 MAX_PACKET = 1 << 20
 
@@ -133,8 +136,8 @@ class Zygote:
             msg = json.loads(data)
             if msg.get("retire"):
                 return self.retire()
-            if len(fds) != 2:
-                raise ValueError(f"a spawn request needs 2 descriptors, got {len(fds)}")
+            if len(fds) != 3:
+                raise ValueError(f"a spawn request needs 3 descriptors, got {len(fds)}")
             self.spawn(conn, msg, fds)
         except Exception as exc:
             self.send(conn, {"spawn": msg.get("spawn") if isinstance(msg, dict) else None,
@@ -200,7 +203,11 @@ class Zygote:
 
 
 def _kill(pid: int, pidfd: int) -> None:
+    """Stop a keeper: SIGTERM (it kills its rank and what the rank left), then, if it is
+    still there after STOP_GRACE_S, SIGKILL to its process group; reap it."""
     try:
+        os.kill(pid, signal.SIGTERM)
+        select.select([pidfd], [], [], STOP_GRACE_S)
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
@@ -215,28 +222,46 @@ def peer_uid(conn: socket.socket) -> int:
 
 
 def _child(env: dict, cwd, fds: list, sync_w: int, inherited: list) -> None:
-    """The forked rank process: become what `python -m collectives.launch.worker` would be."""
-    rc = 1
+    """The forked keeper: its own session, then the rank it forks (see keeper.py)."""
     try:
         os.setsid()
         parent = os.getppid()
-        die_with_parent()
+        keeper._prctl(keeper.PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != parent:  # the zygote died before PR_SET_PDEATHSIG took
             os._exit(1)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.dup2(fds[0], 1)
         os.dup2(fds[1], 2)
-        for fd in (devnull, *fds, *inherited):
+        for fd in (devnull, fds[0], fds[1], *inherited):
             os.close(fd)
         os.write(sync_w, b"1")
         os.close(sync_w)
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
             signal.signal(sig, signal.SIG_DFL)
+        keeper.keep(lambda: _fork_rank(env, cwd, fds[2]))
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        os._exit(1)
+
+
+def _fork_rank(env: dict, cwd, channel: int) -> int:
+    """Fork the rank: what `python -m collectives.launch.worker` would be; returns its pid."""
+    pid = os.fork()
+    if pid:
+        os.close(channel)
+        return pid
+    rc = 1
+    try:
+        die_with_parent()
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as the interpreter sets it at start
         os.environ.clear()
         os.environ.update(env)
+        os.environ[CHANNEL_VAR] = f"{channel}:{os.fstat(channel).st_ino}"
         if cwd:
             os.chdir(cwd)
         _fresh_state(env)

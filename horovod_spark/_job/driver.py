@@ -4,7 +4,8 @@ Terms.  A *job* is one call of `run` / `HorovodRunner.run` / `fit`; an
 *attempt* is one barrier stage of it (`max_restarts` adds attempts after a
 failure).  The *payload* is the cloudpickle of (fn, args, kwargs).  Each
 attempt has its own key prefix (`<job id>/a<attempt>`), log server and job
-store; the job has one secret.  A `BarrierJob` checks the cluster before it
+store; the job has one secret (its ranks') and one task key (its tasks' and the
+driver's alone: the log server and job store take it).  A `BarrierJob` checks the cluster before it
 submits (slots, GPU amounts, dynamic allocation), runs each attempt's stage
 with the task spec it built, turns a failed stage into one `JobFailedError`
 naming the root cause (see `failure`), and cleans up in `finally` (abort frame
@@ -35,7 +36,7 @@ from .task import TaskSpec, run_task
 from ..progress import ENABLED as _PROGRESS_ENV
 from ..progress import Tracked
 
-__all__ = ["JobFailedError", "JobOptions", "BarrierJob", "run_on_spark", "run_on_driver"]
+__all__ = ["JobFailedError", "JobOptions", "BarrierJob", "run_on_spark", "run_on_driver", "value_of"]
 
 DRAIN = 5.0          # seconds to wait for the last output lines of every rank
 
@@ -116,7 +117,8 @@ class BarrierJob:
 
         self.cluster = Cluster(spark, opts.settings.client_address or "")
         self.result_limit = self._checks_before_submit()
-        self.secret, self.id = os.urandom(32), f"{name}-{uuid.uuid4().hex[:12]}"
+        self.secret, self.task_key = os.urandom(32), os.urandom(32)
+        self.id = f"{name}-{uuid.uuid4().hex[:12]}"
         self.keeper = None  # an elastic job's: what each attempt's store starts with and keeps
 
     def resize(self, np_: int) -> None:
@@ -166,7 +168,7 @@ class BarrierJob:
         fields = dict(env=opts.env, show_output=opts.show_output, rank0_only=opts.rank0_only,
                       executable=opts.executable, warm=opts.settings.warm_start)
         fields.update(spec_fields)
-        spec = TaskSpec(job=job, secret=self.secret, payload=payload,
+        spec = TaskSpec(job=job, secret=self.secret, task_key=self.task_key, payload=payload,
                         log_address=server.address if server else None,
                         result_limit=self.result_limit,
                         job_store=store.address if store else None, **fields)
@@ -204,7 +206,7 @@ class BarrierJob:
             return None
         sink = LineSink(opts.stdout, opts.stderr, opts.show_output, opts.timestamps)
         try:
-            return LogServer(host, self.secret, job, sink)
+            return LogServer(host, self.task_key, job, sink)
         except OSError as exc:  # a broken log channel never fails a job
             opts.say(1, f"warning: no live output: cannot listen on the client address {host}: {exc}")
             return None
@@ -219,7 +221,7 @@ class BarrierJob:
             return None
         host = self.cluster.client_host
         try:
-            return StoreServer(host, 0, self.secret)
+            return StoreServer(host, 0, self.task_key)
         except OSError as exc:
             self.opts.say(1, f"warning: ranks meet through Spark's allGather (about a second "
                              f"more): cannot listen on the client address {host}: {exc}")
@@ -272,7 +274,7 @@ class BarrierJob:
     def values(self, rows) -> list:
         """The runner stage's rows as every rank's value in rank order (rank 0's alone with
         rank0_only)."""
-        from collectives.launch.record import Failure, RankResult
+        from collectives.launch.record import Failure
 
         self.show_returned_output(rows)
         by_rank = {row[0]: row[1] for row in rows}
@@ -281,7 +283,7 @@ class BarrierJob:
             raise JobFailedError(Failure(None, "SparkJobFailed",
                                          f"results came back for ranks {sorted(by_rank)}", size=np_))
         wanted = [0] if self.opts.rank0_only else range(np_)
-        return [RankResult.decode(by_rank[r]).value() for r in wanted]
+        return [value_of(r, by_rank[r], np_) for r in wanted]
 
 
     def show_returned_output(self, rows) -> None:
@@ -293,6 +295,19 @@ class BarrierJob:
         for row in sorted(rows, key=lambda r: r[0]):
             for stream, text in json.loads(row[2]) if len(row) > 2 and row[2] else ():
                 sink.write(row[0], stream, text)
+
+
+def value_of(rank: int, blob: bytes, np_: int):
+    """Rank `rank`'s value from its encoded result; JobFailedError naming the rank where it
+    cannot be loaded here."""
+    from collectives.launch import RankFailed
+    from collectives.launch.procs import loaded
+    from collectives.launch.record import RankResult
+
+    try:
+        return loaded(rank, RankResult.decode(blob))
+    except RankFailed as exc:
+        raise JobFailedError(dataclasses.replace(exc.failure, size=np_)) from None
 
 
 def _delivered(store, job: str, rank: int, blob: Optional[bytes]) -> Optional[bytes]:

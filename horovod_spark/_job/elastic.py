@@ -197,13 +197,12 @@ def run_elastic_on_driver(payload: bytes, opts, eopts: ElasticOptions, files) ->
     keeper, env = Keeper(), dict(opts.env)
 
     def attempt(number: int, np_: int) -> list:
-        group, server = start_ranks([opts.executable or sys.executable, "-m",
-                                     "collectives.launch.worker"], np_, env,
-                                    stdout=opts.stdout, stderr=opts.stderr)
+        group, server = start_ranks(
+            [opts.executable or sys.executable, "-m", "collectives.launch.worker"], np_, env,
+            stdout=opts.stdout, stderr=opts.stderr, payload=payload,
+            prepare=lambda store, job: keeper.seed(store, job, number, np_))
         with group:
             try:
-                keeper.seed(server, group.job, number, np_)
-                server.set(f"{group.job}/fn", payload)
                 return group.wait_results(opts.timeout, finish_grace(env))
             except RankFailed as exc:
                 failure = dataclasses.replace(exc.failure, size=np_,

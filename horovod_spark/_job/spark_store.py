@@ -1,17 +1,18 @@
 """The Spark Store: the rendezvous store of a job on barrier tasks.
 
 Terms.  Every task hosts a *task store* (a `StoreServer` bound to its
-executor's address) that its rank process connects to.  *Private* keys (the
-pickled function `{job}/fn`, the results `{job}/result/...`, the modules a
-rank imported `{job}/modules/...`, for the warm start) live in the task store.
-*Shared* keys (every other key under `{job}/`: the mesh publications, the
-native backend's shared-memory name, the NCCL unique id) live in one *job
-store*, which every task store forwards them to.
+executor's address) that its rank process connects to.  *Shared* keys (every key
+under `{job}/`: the mesh publications, the native backend's shared-memory name, the
+NCCL unique id) live in one *job store*, which every task store forwards them to;
+what is not shared stays in the task store.  The function and the result do not
+travel here: they go on the rank's own channel (`collectives.launch.channel`).
 
 The job store is, by default, a `StoreServer` the driver runs for the job
 attempt on its own address (spark.driver.host, which every executor reaches
-already), under the job secret: its address travels in the task spec, so no
-task has to find it.  Where the driver cannot serve one (it cannot listen, or
+already), under the *task key*, which only the tasks and the driver hold (never a
+rank): its address travels in the task spec, so no task has to find it.  A task
+delivers its rank's result there (`{job}/delivered/...`), a key no rank can reach:
+the task store never forwards it.  Where the driver cannot serve one (it cannot listen, or
 HOROVOD_SPARK_RENDEZVOUS=spark), the job store is the task store of rank 0,
 and the *round*, one `BarrierTaskContext.allGather`, tells every task its
 address; the round runs once per job attempt, when the task's rank first
@@ -20,9 +21,9 @@ touches a shared key, and never for a function that never calls
 polls its barrier RPC once a second), which is why the driver's store is the
 default.
 
-So a rank's store traffic is: private keys locally; shared keys forwarded to
-the job store, over connections that run the HMAC handshake with the job
-secret like every other.  Forwarding, not replaying rounds, is why any
+So a rank's store traffic is: shared keys forwarded to the job store, over
+connections that run the HMAC handshake (with the task key to the driver's, with
+the job secret to rank 0's) like every other.  Forwarding, not replaying rounds, is why any
 pattern of store use works (one rank sets, the others wait; atomic counters).
 
 A round that never completes (a rank that never calls init()) fails the
@@ -52,12 +53,15 @@ class SparkStore(StoreServer):
         all_gather: `BarrierTaskContext.allGather` (str -> list of str in rank order).
         size: the number of tasks.
         job_store: host:port of the driver's job store; None: rank 0's, found by a round.
+        job_store_key: the key of the driver's job store (the task key).
     """
 
     def __init__(self, bind: str, secret: bytes, job: str, rank: int, size: int,
                  all_gather: Callable[[str], List[str]], round_timeout: float = 300.0,
-                 job_store: Optional[str] = None, connect_timeout: float = 60.0) -> None:
+                 job_store: Optional[str] = None, connect_timeout: float = 60.0,
+                 job_store_key: Optional[bytes] = None) -> None:
         super().__init__(bind, 0, secret)
+        self._upstream_key = job_store_key if job_store is not None and job_store_key else secret
         self.job, self.rank, self.size = job.rstrip("/"), rank, size
         self._all_gather, self._round_timeout = all_gather, round_timeout
         self._round_lock = threading.Lock()
@@ -72,8 +76,7 @@ class SparkStore(StoreServer):
 
     def is_shared(self, key: str) -> bool:
         head = self.job + "/"
-        return key.startswith(head) and key != head + "fn" and \
-            not key.startswith((head + "result/", head + "modules/"))
+        return key.startswith(head) and not key.startswith(head + "delivered/")
 
     # -- the round -----------------------------------------------------------
     def _start_round(self) -> None:
@@ -107,6 +110,10 @@ class SparkStore(StoreServer):
         self._start_round()
         if self.rank == 0:
             return None
+        self._wait_round()
+        return self._client()
+
+    def _wait_round(self) -> None:
         if not self._round_done.wait(self._round_timeout):
             raise CollectiveTimeout(describe(
                 "the store round (BarrierTaskContext.allGather) did not complete",
@@ -114,13 +121,12 @@ class SparkStore(StoreServer):
                 hint="does every rank call collectives.init() the same number of times?"))
         if self._round_error is not None:
             raise self._round_error
-        return self._client()
 
     def _client(self) -> TCPStore:
         client = getattr(self._tls, "client", None)
         if client is None:
             try:
-                client = TCPStore.connect(self.job_store, self._secret, self._connect_timeout)
+                client = TCPStore.connect(self.job_store, self._upstream_key, self._connect_timeout)
             except PeerLostError as exc:
                 if not self.on_driver:
                     raise

@@ -2,11 +2,14 @@
 
 Terms.  The *task* is the PySpark worker running `run_task` for one partition;
 its partition id is the *rank*.  The *child* is the rank process
-(`python -m collectives.launch.worker`) the task starts: crash isolation, a clean
-CUDA context, and its own process group.  The *task store* (`_spark_store.SparkStore`) is
-the store server the task hosts on its executor's address: the task puts the
-pickled function in it and reads the child's result from it; the keys the
-ranks share go to rank 0's task store, found in one `allGather` round.
+(`python -m collectives.launch.worker` under a keeper, `collectives.launch.keeper`) the
+task starts: crash isolation, a clean CUDA context, its own process group, and nothing
+it starts outlives it.  The task sends the job's secret and the pickled function on the
+child's own channel (`collectives.launch.channel`) and takes the child's result from
+there only: a result is the rank's when it came on that channel and the child exited 0.
+The *task store* (`_spark_store.SparkStore`) is the store server the task hosts on its
+executor's address for its rank; the keys the ranks share go to the job store (the
+driver's, or rank 0's task store, found in one `allGather` round).
 
 Placement comes from `BarrierTaskContext.getTaskInfos()`: a rank's host is the
 host part of its task's address; local rank is its order among the ranks on
@@ -20,9 +23,9 @@ Horovod's `torch.cuda.set_device(hvd.local_rank())` and
 are; no GPU of another job is visible.  Where the addresses repeat (executors
 in containers that each number their own GPUs from 0) a rank sees only its own.
 
-The child dies with the task: PR_SET_PDEATHSIG (Spark SIGKILLs the worker of
-a killed task), the driver's abort frame on the log channel, and a SIGKILL of
-the child's process group in `finally`.  A failure leaves the task as a
+The child dies with the task: its keeper's PR_SET_PDEATHSIG (Spark SIGKILLs the
+worker of a killed task), the driver's abort frame on the log channel, and a stop of
+the keeper (`procs.stop_kept`) in `finally`.  A failure leaves the task as a
 `RankFailed` whose text carries the failure record (`logchannel.failure_marker`),
 and the same record goes to the driver on the log channel first.
 """
@@ -33,7 +36,6 @@ import dataclasses
 import functools
 import json
 import os
-import signal
 import subprocess
 import sys
 import sysconfig
@@ -43,7 +45,8 @@ import traceback
 from typing import Iterator, Optional, Tuple
 
 from collectives.launch import RankFailed
-from collectives.launch.procs import die_with_parent, pump
+from collectives.launch.channel import LauncherEnd
+from collectives.launch.procs import kept, pump, stop_kept
 from collectives.launch.record import Failure, RankResult, signal_name
 
 from .logchannel import CALLBACK_MARK, LogClient, failure_markers, split_lines
@@ -60,7 +63,9 @@ RETURNED = 1000
 class TaskSpec:
     """What every task of one job attempt needs; pickled into the barrier stage."""
     job: str                      # key prefix of this job and attempt
-    secret: bytes                 # the per-job secret (32 bytes)
+    secret: bytes                 # the per-job secret (32 bytes), which the ranks hold
+    task_key: bytes               # the tasks' and the driver's key (log channel, job store):
+                                  # no rank process ever holds it
     payload: bytes                # cloudpickle of (fn, args, kwargs)
     log_address: Optional[str]    # host:port of the driver's log server
     env: Tuple[Tuple[str, str], ...] = ()
@@ -142,14 +147,17 @@ class RankProcess:
         self.tail: collections.deque = collections.deque(maxlen=TAIL)
         self.unsent: collections.deque = collections.deque(maxlen=RETURNED)
         self.server = SparkStore(hosts[self.rank], spec.secret, spec.job, self.rank, self.size,
-                                 ctx.allGather, job_store=spec.job_store)
+                                 ctx.allGather, job_store=spec.job_store,
+                                 job_store_key=spec.task_key)
         try:
             self.renv = placement(hosts, self.rank, spec, self.server.address)
         except BaseException:
             self.server.close()
             raise
-        self.log = LogClient(spec.log_address, spec.secret, spec.job, self.rank, on_abort=self.abort)
-        self.child = None  # subprocess.Popen, or warm.WarmChild when forked from the zygote
+        self.log = LogClient(spec.log_address, spec.task_key, spec.job, self.rank,
+                             on_abort=self.abort)
+        self.channel = LauncherEnd(spec.secret, spec.payload)
+        self.child = None  # subprocess.Popen of the keeper, or warm.WarmChild from the zygote
         self.env: dict = {}
         self.warm = spec.warm
         self._pumps: list = []
@@ -157,7 +165,6 @@ class RankProcess:
     def start(self) -> None:
         from . import warm
 
-        self.server.set(f"{self.spec.job}/fn", self.spec.payload)
         gpus = self.ctx.resources().get("gpu")
         executable = self.spec.executable or sys.executable
         visible = None
@@ -168,12 +175,14 @@ class RankProcess:
         self.warm = self.warm and gpus is None and WARM_START.read(env)  # the task's edge
         if self.warm:
             env["HVS_WARM_REPORT"] = ",".join(warm.REPORT)
-            self.child = warm.spawn(executable, env)
+            self.child = warm.spawn(executable, env, self.channel.rank_fd)
         if self.child is None:
-            self.child = subprocess.Popen([executable, "-m", "collectives.launch.worker"], env=env,
-                                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, start_new_session=True,
-                                          preexec_fn=die_with_parent)
+            self.child = subprocess.Popen(
+                kept([executable, "-m", "collectives.launch.worker"]),
+                env={**env, **self.channel.environ()}, pass_fds=(self.channel.rank_fd,),
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                start_new_session=True)
+        self.channel.started()
         for pipe, stream in ((self.child.stdout, "stdout"), (self.child.stderr, "stderr")):
             t = threading.Thread(target=pump, daemon=True,
                                  args=(pipe, functools.partial(self._line, stream), split_lines))
@@ -198,12 +207,8 @@ class RankProcess:
         self.kill()
 
     def kill(self) -> None:
-        if self.child is None:
-            return
-        try:
-            os.killpg(self.child.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        if self.child is not None:
+            stop_kept([self.child])
 
     def wait(self) -> int:
         rc = self.child.wait()
@@ -212,10 +217,13 @@ class RankProcess:
         return rc
 
     def outcome(self, rc: int) -> Optional[bytes]:
-        """The encoded `RankResult` of a rank that returned, or raise RankFailed."""
-        key = f"{self.spec.job}/result/{self.rank}"
-        blob = self.server.get(key) if self.server.check(key) else None
+        """The encoded `RankResult` of a rank that returned and exited 0, or raise RankFailed
+        (a rank that died by a signal failed, whatever it sent before)."""
+        self.channel.finish()
+        blob = self.channel.result
         result = RankResult.decode(blob) if blob is not None else None
+        if result is not None and result.ok and rc != 0:
+            result = None
         if result is not None and result.ok:
             from .checks import check_result_size
 
@@ -259,18 +267,18 @@ class RankProcess:
         try:
             self._prepare_warm_start()
         finally:
+            self.channel.close()
             self.server.close()
             self.log.close()
 
     def _prepare_warm_start(self) -> None:
         """After a rank that succeeded: the zygote for the next job (see _warm)."""
-        key = f"{self.spec.job}/modules/{self.rank}"
-        if not self.warm or self.child is None or self.child.returncode != 0 or \
-                not self.server.check(key):
+        report = self.channel.modules
+        if not self.warm or self.child is None or self.child.returncode != 0 or report is None:
             return
         from . import warm
 
-        imported = self.server.get(key).decode("ascii", "replace").split(",")
+        imported = report.decode("ascii", "replace").split(",")
         warm.learn(self.spec.executable or sys.executable, self.env, imported)
 
 

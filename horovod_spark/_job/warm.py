@@ -22,8 +22,8 @@ The zygote's *key* is its interpreter and the rank environment without the
 per-job variables (HVS_*, HOROVOD_RANK...): a job whose environment differs
 (another PYTHONPATH, OMP_NUM_THREADS, a user variable) starts its ranks
 fresh and leaves a zygote of its own key.  The *report*: a rank started with
-HVS_WARM_REPORT writes which of those modules it imported into the task's
-store; the task reads it when the rank has succeeded and prepares the
+HVS_WARM_REPORT sends which of those modules it imported on its channel; the task
+reads it when the rank has succeeded and prepares the
 zygote, in the background, for the next job.
 
 What is never warm: a rank with GPUs (a CUDA context must not cross a fork),
@@ -218,7 +218,8 @@ class _Owner:
             child._exited(-signal.SIGKILL)
 
     # -- any thread --------------------------------------------------------
-    def spawn(self, env: Mapping[str, str], cwd: str) -> Optional[WarmChild]:
+    def spawn(self, env: Mapping[str, str], cwd: str, channel: int) -> Optional[WarmChild]:
+        """A rank forked with `env` in `cwd`, holding `channel` (the rank end of its channel)."""
         if not self.ready.wait(READY_TIMEOUT_S) or self.dead is not None:
             return None
         with self._cond:
@@ -228,7 +229,8 @@ class _Owner:
         err_r, err_w = os.pipe()
         try:
             socket.send_fds(self.sock, [json.dumps({"spawn": ident, "env": dict(env),
-                                                    "cwd": cwd}).encode()], [out_w, err_w])
+                                                    "cwd": cwd}).encode()],
+                            [out_w, err_w, channel])
             with self._cond:
                 self._cond.wait_for(lambda: ident in self._answers or self.dead is not None,
                                     ANSWER_TIMEOUT_S)
@@ -297,13 +299,14 @@ def _current(key: tuple) -> Optional[_Owner]:
     return named
 
 
-def spawn(executable: str, env: Mapping[str, str]) -> Optional[WarmChild]:
-    """A rank process forked from the executor's zygote of the same key, or None."""
+def spawn(executable: str, env: Mapping[str, str], channel: int) -> Optional[WarmChild]:
+    """A rank process forked from the executor's zygote of the same key, or None; `channel`
+    is the rank end of its channel (the zygote hands it to the rank)."""
     with _lock:
         owner = _current(_key(executable, env))
     if owner is None:
         return None
-    return owner.spawn(env, os.getcwd())
+    return owner.spawn(env, os.getcwd(), channel)
 
 
 def learn(executable: str, env: Mapping[str, str], imported: list) -> None:

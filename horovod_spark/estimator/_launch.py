@@ -83,10 +83,9 @@ def partitions(df) -> Optional[int]:
 
 def _stage(spark, df, num_proc: int, job: FitJob, verbose: int):
     """(status, rank 0's result or the problem) of one barrier stage."""
-    from collectives.launch.record import RankResult
 
     from horovod_spark import progress
-    from horovod_spark._job.driver import BarrierJob, JobOptions
+    from horovod_spark._job.driver import BarrierJob, JobOptions, value_of
     from horovod_spark._job.quiet import failure_logs_off
     from horovod_spark._job.settings import DriverSettings
 
@@ -118,5 +117,5 @@ def _stage(spark, df, num_proc: int, job: FitJob, verbose: int):
         if status != OK:
             return status, message
     blob = next(payload for partition, _, _, payload in rows if partition == 0)
-    value = RankResult.decode(blob).value()
+    value = value_of(0, blob, opts.np)
     return value["problem"] if "problem" in value else (OK, value)

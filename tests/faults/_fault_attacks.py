@@ -63,6 +63,17 @@ def attack_with_wrong_secret(address: str, context: str) -> Optional[BaseExcepti
     return None
 
 
+def attack_with_secret(address: str, secret: bytes, context: str) -> Optional[BaseException]:
+    """A client that runs the handshake with `secret` (one it stole); returns its error, or
+    None where the server took it."""
+    with _connect(address) as s:
+        try:
+            auth.client_handshake(s, secret, context, timeout=5.0)
+        except Exception as exc:  # the refusal under test
+            return exc
+    return None
+
+
 def recorded_handshake(address: str, secret: bytes, context: str) -> bytes:
     """What a real client sends in a successful handshake, captured on the wire."""
     sent = bytearray()

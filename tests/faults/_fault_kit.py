@@ -152,12 +152,16 @@ def run_spark_job(fn, np_: int, args=(), env=None, outdir=".", **kw) -> Outcome:
 
 # --------------------------------------------------------------------------- leftovers
 
-def tagged(tag: str) -> list:
-    """Live (not zombie) processes whose environment carries the tag."""
+def tagged(tag: str, keepers: bool = True) -> list:
+    """Live (not zombie) processes whose environment carries the tag (with keepers=False,
+    the rank processes only, not their keepers)."""
+    from collectives.launch.procs import KEEPER
+
     found = []
     for p in psutil.process_iter(["pid"]):
         try:
-            if p.status() != psutil.STATUS_ZOMBIE and p.environ().get(TAG_VAR) == tag:
+            if p.status() != psutil.STATUS_ZOMBIE and p.environ().get(TAG_VAR) == tag and \
+                    (keepers or KEEPER not in p.cmdline()):
                 found.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue

@@ -388,6 +388,12 @@ def listeners(pid):
             if c.status == psutil.CONN_LISTEN]
 
 
+def _launcher_pid() -> int:
+    """The process that started this rank: its keeper's parent."""
+    with open(f"/proc/{os.getppid()}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
 def held_bootstrap(outdir, held, wait_s=60.0):
     """Bootstrap, with the ranks in `held` stopped once they have published their address.
 
@@ -402,7 +408,7 @@ def held_bootstrap(outdir, held, wait_s=60.0):
     def hook(op, key, before):
         if rank in held and op == "get" and not before and key.endswith(f"/mesh/rank/{size - 1}"):
             note(outdir, rank, "listeners", own=listeners(os.getpid()),
-                 parent=listeners(os.getppid()), bind=os.environ["HVS_BIND_ADDR"])
+                 parent=listeners(_launcher_pid()), bind=os.environ["HVS_BIND_ADDR"])
             end = time.monotonic() + wait_s
             while not os.path.exists(os.path.join(outdir, "go")) and time.monotonic() < end:
                 time.sleep(0.02)

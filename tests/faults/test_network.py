@@ -107,7 +107,7 @@ def test_ranks_die_with_their_driver(fault, sig):
                               stderr=subprocess.DEVNULL)
     try:
         kit.wait_until(lambda: len(kit.notes(fault.outdir, "pid")) == 3, 60.0, "3 ranks start")
-        assert len(kit.tagged(fault.tag)) == 3
+        assert len(kit.tagged(fault.tag, keepers=False)) == 3
         driver.send_signal(sig)
         driver.wait(timeout=30)
         seconds, left = kit.wait_gone(fault.tag, timeout=10.0)

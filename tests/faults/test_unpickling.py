@@ -25,19 +25,23 @@ PACKAGES = ("collectives", "horovod_spark")
 PICKLERS = {"pickle", "cloudpickle", "_pickle", "dill"}
 
 AUTH_STORE = "a TCPStore/StoreServer connection, which runs the mutual HMAC handshake first"
-OWN_STORE = "its own store, written only over " + AUTH_STORE
+OWN_CHANNEL = ("the rank's own channel, a socketpair between the rank and its launcher that "
+               "no other process holds (collectives/launch/channel.py)")
+TASK_KEY = ("the driver's job store or log server, which authenticate with the task key: "
+            "only the job's tasks hold it, never a rank")
 MESH = "bytes received over the authenticated mesh (every peer proved the job secret)"
 SPARK = "Spark's own task-result channel (collect()), which PySpark itself unpickles"
 USER_MODEL = "the model the user's own job pickled, from a Spark broadcast or the user's Store"
 #: (file, function) -> where the bytes come from and why that is trusted.
 REVIEWED = {
-    ("collectives/launch/worker.py", "main"): "the job payload, from the launcher's store over "
-                                       + AUTH_STORE,
-    ("collectives/launch/procs.py", "RankFailed.original"): "a rank's exception, from the launcher's "
-                                                      + OWN_STORE,
-    ("collectives/launch/record.py", "RankResult.value"): "a rank's result: from the launcher's "
-                                                        + OWN_STORE + "; on Spark, through "
-                                                        + SPARK,
+    ("collectives/launch/worker.py", "main"): "the job payload, from its launcher on "
+                                              + OWN_CHANNEL,
+    ("collectives/launch/procs.py", "RankFailed.original"): "a rank's exception, from "
+                                                      + OWN_CHANNEL + "; on Spark, from "
+                                                      + TASK_KEY,
+    ("collectives/launch/record.py", "RankResult.value"): "a rank's result: from "
+                                                        + OWN_CHANNEL + "; on Spark, through "
+                                                        + SPARK + " or " + TASK_KEY,
     ("horovod_spark/estimator/_torch_io.py", "loads_model"): USER_MODEL,
     ("horovod_spark/estimator/_keras_io.py", "loads_model"): USER_MODEL,
     ("horovod_spark/estimator/_train_keras.py", "_fit"): "the estimator's spec, shipped by the "

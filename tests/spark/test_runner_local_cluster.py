@@ -36,9 +36,11 @@ def test_each_rank_sees_its_hosts_gpus_in_local_rank_order_with_its_own_at_local
     """Horovod's torch.cuda.set_device(hvd.local_rank()) lands on the rank's own GPU."""
     def devices():
         import os
+
+        import psutil
         return (os.environ["CUDA_VISIBLE_DEVICES"], int(os.environ["HVS_GPU_ORDINAL"]),
                 int(os.environ["HOROVOD_LOCAL_RANK"]), os.environ["CUDA_DEVICE_ORDER"],
-                os.getppid())
+                psutil.Process(os.getppid()).ppid())  # the task: the keeper's parent
 
     (vis0, ord0, lr0, order, task0), (vis1, ord1, lr1, _, task1) = \
         horovod_spark.run(devices, num_proc=2)

@@ -173,8 +173,10 @@ def test_a_crashed_task_is_named_and_its_rank_process_dies_with_it(spark):
         import os
         import signal
         import time
-        if os.environ["HVS_RANK"] == "1":
-            os.kill(os.getppid(), signal.SIGKILL)  # the PySpark worker running rank 1's task
+        if os.environ["HVS_RANK"] == "1":  # the PySpark worker running rank 1's task: the
+            with open(f"/proc/{os.getppid()}/stat") as f:  # parent of the rank's keeper
+                worker = int(f.read().rsplit(")", 1)[1].split()[1])
+            os.kill(worker, signal.SIGKILL)
         time.sleep(60)
 
     tag = new_tag()

@@ -84,12 +84,10 @@ def test_a_key_one_rank_sets_reaches_the_ranks_that_wait_for_it(stores):
     assert clients[0].add(f"{JOB}/comm0/count", 1) == 2  # counters are shared too
 
 
-def test_private_keys_stay_in_their_task_store_and_need_no_round(stores):
+def test_a_delivered_key_is_never_forwarded_to_the_job_store_and_needs_no_round(stores):
     servers, clients, gather = stores
-    clients[1].set(f"{JOB}/fn", b"payload of task 1")
-    clients[1].set(f"{JOB}/result/1", b"result of rank 1")
-    assert servers[1].check(f"{JOB}/fn") and not servers[0].check(f"{JOB}/fn")
-    assert servers[1].get(f"{JOB}/result/1") == b"result of rank 1"
+    clients[1].set(f"{JOB}/delivered/0", b"a result forged for rank 0")
+    assert servers[1].check(f"{JOB}/delivered/0") and not servers[0].check(f"{JOB}/delivered/0")
     assert gather.calls == 0
 
 
@@ -157,8 +155,8 @@ def test_with_a_driver_store_the_ranks_meet_there_without_a_round():
         assert clients[0].add(f"{JOB}/comm0/n", 1) + clients[1].add(f"{JOB}/comm0/n", 1) == 3
         assert driver.check(f"{JOB}/comm0/k")  # held by the driver ...
         assert not any(InMemoryStore.check(s, f"{JOB}/comm0/k") for s in servers)  # ... only
-        clients[0].set(f"{JOB}/result/0", b"private")
-        assert not driver.check(f"{JOB}/result/0") and servers[0].check(f"{JOB}/result/0")
+        clients[0].set(f"{JOB}/delivered/0", b"only a task delivers to the driver")
+        assert not driver.check(f"{JOB}/delivered/0") and servers[0].check(f"{JOB}/delivered/0")
         assert [s.rounds for s in servers] == [0, 0]
     finally:
         for c in clients:

@@ -56,7 +56,7 @@ def probe(note_dir=None):
     return {"preloaded": preloaded, "forked": "collectives.launch.zygote" in parent,
             "pid": os.getpid(), "random": random.random(), "total": total,
             "value": os.environ.get("HVS_TEST_VALUE"), "rank": hvd.rank(),
-            "sid": os.getsid(0)}
+            "sid": os.getsid(0), "keeper": os.getppid()}
 
 
 def test_the_next_job_forks_its_ranks_from_a_zygote_with_torch_imported(spark):
@@ -72,7 +72,7 @@ def test_the_next_job_forks_its_ranks_from_a_zygote_with_torch_imported(spark):
         assert [r["total"] for r in job] == [3.0, 3.0]
         assert [r["rank"] for r in job] == [0, 1]
         assert [r["value"] for r in job] == [value, value]  # this job's env, not the zygote's
-        assert all(r["sid"] == r["pid"] for r in job)  # its own session, as a fresh rank
+        assert all(r["sid"] == r["keeper"] for r in job)  # its keeper's session, as a fresh rank
     pids = [r["pid"] for job in (first, second, third) for r in job]
     assert len(set(pids)) == 6
     randoms = [r["random"] for job in (second, third) for r in job]
@@ -194,7 +194,7 @@ DRIVER = textwrap.dedent("""
 
     def probe():
         import os, time, psutil
-        return os.getpid(), psutil.Process(os.getppid()).pid
+        return os.getpid(), psutil.Process(os.getppid()).ppid()  # the keeper's parent
 
     def sleeper(path):
         import os, time
@@ -223,10 +223,12 @@ def test_a_killed_driver_leaves_no_zygote_and_no_forked_rank(tmp_path):
         while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
         ranks = [int((tmp_path / str(r)).read_text()) for r in (0, 1)]
-        assert {psutil.Process(r).ppid() for r in ranks} == set(zygotes)
+        keepers = [psutil.Process(r).ppid() for r in ranks]
+        assert {psutil.Process(k).ppid() for k in keepers} == set(zygotes)
         proc.kill()
         proc.wait(timeout=10)
-        assert alive_after(zygotes + ranks, timeout=60) == [], "left behind by a killed driver"
+        assert alive_after(zygotes + keepers + ranks, timeout=60) == [], \
+            "left behind by a killed driver"
     finally:
         try:
             os.killpg(proc.pid, 9)

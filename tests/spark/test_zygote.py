@@ -1,8 +1,8 @@
 """The zygote and its owner (collectives.launch.zygote, horovod_spark._job.warm) with real processes.
 
-A forked rank runs the real `collectives.launch.worker` against a real authenticated
-store: it fetches its function, runs it and writes its result, as a rank the
-Spark task starts fresh would.  No Spark here: tests/spark/test_warm_start.py
+A forked rank runs the real `collectives.launch.worker` under a keeper forked by the
+zygote: it takes its function on its own channel, runs it and sends back its result
+there, as a rank the Spark task starts fresh would.  No Spark here: tests/spark/test_warm_start.py
 runs the same path under barrier tasks.
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ import pytest
 from _spark_support import alive_after
 
 from collectives.launch import rank_envs
+from collectives.launch.channel import LauncherEnd
 from collectives.launch.record import RankResult
 from collectives.rendezvous.store import StoreServer
 from horovod_spark._job import warm
@@ -55,10 +56,18 @@ def _rank_env(env: dict, store: StoreServer, rank: int = 0, size: int = 1) -> di
 
 
 def _spawn(owner, env, fn, store, *args):
-    store.set(f"{JOB}/fn", cloudpickle.dumps((fn, args, {})))
-    child = owner.spawn(env, os.getcwd())
+    channel = LauncherEnd(SECRET, cloudpickle.dumps((fn, args, {})))
+    child = owner.spawn(env, os.getcwd(), channel.rank_fd)
     assert child is not None, f"no warm start: {owner.dead}"
+    channel.started()
+    child.channel = channel
     return child
+
+
+def _result(child) -> RankResult:
+    child.channel.finish()
+    assert child.channel.result is not None, "the rank sent no result on its channel"
+    return RankResult.decode(child.channel.result)
 
 
 def _facts(word):
@@ -67,9 +76,12 @@ def _facts(word):
     import sys
     print(f"out {word}", flush=True)
     print(f"err {word}", file=sys.stderr, flush=True)
+    with open(f"/proc/{os.getppid()}/stat") as f:
+        keeper_parent = int(f.read().rsplit(")", 1)[1].split()[1])
     return {"numpy": "numpy" in sys.modules, "pid": os.getpid(), "ppid": os.getppid(),
-            "word": os.environ.get("WARM_WORD"), "random": random.random(),
-            "sid": os.getsid(0), "stdin": os.read(0, 1)}
+            "keeper_parent": keeper_parent, "word": os.environ.get("WARM_WORD"),
+            "random": random.random(), "sid": os.getsid(0), "stdin": os.read(0, 1),
+            "secret_in_env": any("HVS_SECRET" in k or "HVS_CHANNEL" in k for k in os.environ)}
 
 
 def test_a_forked_rank_runs_its_function_with_its_own_environment(owner, store):
@@ -79,17 +91,18 @@ def test_a_forked_rank_runs_its_function_with_its_own_environment(owner, store):
         child = _spawn(own, dict(_rank_env(env, store), WARM_WORD=word), _facts, store, word)
         out, err = child.stdout.read(), child.stderr.read()
         assert child.wait(timeout=30) == 0, err.decode()
-        result = RankResult.decode(store.get(f"{JOB}/result/0"))
+        result = _result(child)
         assert result.ok, result.failure
-        results.append(result.value())
+        results.append((child.pid, result.value()))
         assert out.decode() == f"out {word}\n" and err.decode() == f"err {word}\n"
-        assert store.get(f"{JOB}/modules/0").decode().split(",") == ["numpy"]
-        store.delete(f"{JOB}/result/0")
-    for word, facts in zip(("one", "two"), results):
+        assert child.channel.modules.decode().split(",") == ["numpy"]
+    for word, (keeper, facts) in zip(("one", "two"), results):
         assert facts["numpy"] and facts["word"] == word
-        assert facts["ppid"] == own.proc.pid  # forked by the zygote
-        assert facts["sid"] == facts["pid"]  # its own session: killpg reaches its children
+        assert facts["ppid"] == keeper and facts["keeper_parent"] == own.proc.pid  # zygote's
+        assert facts["sid"] == keeper  # the keeper's session: killpg reaches the rank's children
         assert facts["stdin"] == b""  # /dev/null
+        assert not facts["secret_in_env"]
+    results = [facts for _, facts in results]
     assert results[0]["pid"] != results[1]["pid"]
     assert results[0]["random"] != results[1]["random"], "forks share the zygote's random state"
 
@@ -115,8 +128,12 @@ def test_exit_statuses_come_back_as_popen_returncodes(owner, store):
 
 def test_a_rank_without_its_environment_fails_like_a_fresh_one(owner, store):
     own, env = owner
-    child = own.spawn({k: v for k, v in env.items() if not k.startswith("HVS_")}, os.getcwd())
+    channel = LauncherEnd(SECRET, b"")
+    child = own.spawn({k: v for k, v in env.items() if not k.startswith("HVS_")}, os.getcwd(),
+                      channel.rank_fd)
+    channel.started()
     assert child.wait(timeout=30) == 2
+    channel.close()
     assert b"no rank environment" in child.stderr.read()
 
 
@@ -134,12 +151,13 @@ def test_closing_the_owner_kills_the_zygote_and_its_ranks(owner, store):
     assert child.wait(timeout=20) == -signal.SIGKILL
     assert own.proc.wait(timeout=20) == 0
     assert alive_after([child.pid, own.proc.pid]) == []
-    assert own.spawn(_rank_env(env, store), os.getcwd()) is None  # and it starts nothing
+    assert own.spawn(_rank_env(env, store), os.getcwd(), 0) is None  # and it starts nothing
 
 
 OWNER_SCRIPT = textwrap.dedent("""
     import os, sys, time, cloudpickle
     from collectives.launch import rank_envs
+    from collectives.launch.channel import LauncherEnd
     from collectives.rendezvous.store import StoreServer
     from horovod_spark._job import warm
     store = StoreServer("127.0.0.1", 0, b"z" * 32)
@@ -147,9 +165,10 @@ OWNER_SCRIPT = textwrap.dedent("""
     def sleep():
         import time
         time.sleep(600)
-    store.set("j/a0/fn", cloudpickle.dumps((sleep, (), {})))
+    channel = LauncherEnd(b"z" * 32, cloudpickle.dumps((sleep, (), {})))
     own = warm._Owner(sys.executable, dict(os.environ), ["numpy"])
-    child = own.spawn(dict(os.environ, **renv.to_environ()), os.getcwd())
+    child = own.spawn(dict(os.environ, **renv.to_environ()), os.getcwd(), channel.rank_fd)
+    channel.started()
     print(own.proc.pid, child.pid, flush=True)
     time.sleep(600)
 """)
@@ -197,7 +216,7 @@ def test_a_shared_zygote_outlives_its_starter_serves_the_next_owner_and_dies_wit
         assert warm._attach(warm._key(sys.executable, dict(env, OTHER="1")), anchor.pid) is None
         child = _spawn(own, _rank_env(env, store), _facts, store, "shared")
         assert child.wait(timeout=30) == 0, child.stderr.read().decode()
-        zygote = RankResult.decode(store.get(f"{JOB}/result/0")).value()["ppid"]
+        zygote = _result(child).value()["keeper_parent"]
         assert "--listen" in psutil.Process(zygote).cmdline()
         asleep = _spawn(own, _rank_env(env, store), _sleep, store)
         own.close()  # an owner that lets go (a killed worker) takes its ranks, not the zygote
@@ -226,7 +245,7 @@ def test_an_idle_zygote_exits_by_itself(store):
         while own.dead is None and time.monotonic() < deadline:
             time.sleep(0.02)
         assert own.dead == "the zygote exited"
-        assert own.spawn(_rank_env(env, store), os.getcwd()) is None
+        assert own.spawn(_rank_env(env, store), os.getcwd(), 0) is None
     finally:
         own.close()
 
