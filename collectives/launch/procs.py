@@ -181,9 +181,9 @@ class RankGroup:
     """Kept rank processes (see `kept`), each with its channel (`channel.LauncherEnd`)."""
 
     def __init__(self, procs, store, job: str, stdout, stderr, prefix_output: bool = True,
-                 channels=()) -> None:
+                 channels=(), held=()) -> None:
         self.procs, self.store, self.job = procs, store, job
-        self.channels = list(channels)
+        self.channels, self.held = list(channels), list(held)  # held: closed with the group
         self.tails = [collections.deque(maxlen=TAIL) for _ in procs]
         self._pumps = []
         for r, p in enumerate(procs):
@@ -268,8 +268,8 @@ class RankGroup:
         self.kill()
         for p in self.procs:  # what a rank killed between creating and sharing it left
             remove_segments_of(p.pid)
-        for channel in self.channels:
-            channel.close()
+        for closeable in (*self.channels, *self.held):
+            closeable.close()
         for t in self._pumps:
             t.join(timeout=2.0)
         self.store.close()

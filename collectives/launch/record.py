@@ -32,13 +32,19 @@ from typing import Any, Mapping, Optional, Sequence, Tuple
 __all__ = ["Failure", "RankResult", "root_cause", "failure_text", "signal_name",
            "COMM_ERRORS", "DEATHS"]
 
-COMM_ERRORS = ("PeerLostError", "CollectiveTimeout")
+COMM_ERRORS = ("PeerLostError", "CollectiveTimeout",
+               "DistBackendError", "DistNetworkError", "DistStoreError")  # torch.distributed's
 DEATHS = ("ProcessDied", "ProcessExited", "SparkTaskFailed", "ExecutorLost")
 _PEER = re.compile(r"peer rank (\d+)")
 _PEER_AT = re.compile(r"peer rank (\d+) at ([^\s)]+)")
 # A communication error a framework re-raised as its own type (TensorFlow turns an error in a
-# graph op into UnknownError, keeping the original's "PeerLostError: ..." line in its text).
-_WRAPPED_COMM = re.compile(rf"^(?:{'|'.join(COMM_ERRORS)}): ", re.MULTILINE)
+# graph op into UnknownError, keeping the original's "PeerLostError: ..." line in its text), or
+# a transport's own words for a peer that went away, in whatever error carries them (torch's
+# Gloo raises a RuntimeError out of backward: "gloo/transport/tcp/pair.cc:537] Read error
+# [127.0.0.1]:15053: Connection reset by peer"; NCCL's abort after a remote failure).
+_WRAPPED_COMM = re.compile(rf"^(?:{'|'.join(COMM_ERRORS)}): |gloo/transport/|"
+                           r"Connection (?:closed|reset) by peer|ncclRemoteError|"
+                           r"NCCL communicator was aborted", re.MULTILINE)
 
 
 def signal_name(exitcode: Optional[int]) -> Optional[str]:

@@ -7,14 +7,13 @@ exception.  Only the ranks in
 HVS_RETURN_RANKS (unset: all; "0" under HorovodRunner) pickle their value: the
 others' is thrown away, so it never travels and never fails the job.
 
-Then it leaves the way Python does, so the exit handlers run (the adapters'
-hvd.shutdown(), which tells ranks still waiting in a collective that this one
-returned, and the timeline's close), bounded by EXIT_GRACE_S, after which
-os._exit ends it: no stray non-daemon thread or exit handler of user code can
-hold the rank open.
+Then it runs the exit handlers and ends with os._exit (see `leave`), bounded by
+EXIT_GRACE_S: no stray non-daemon thread or exit handler of user code can hold the
+rank open.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -58,6 +57,22 @@ def _failure(env: RankEnv, exc: BaseException) -> RankResult:
                                       size=env.size, host=env.host, traceback=tb, exc_blob=blob))
 
 
+class PayloadNotLoadable(RuntimeError):
+    """The job's function or its arguments do not unpickle in the rank process."""
+
+
+def _load(payload: bytes):
+    """The job's (fn, args, kwargs); what fails to load here is named as such."""
+    try:
+        return cloudpickle.loads(payload)
+    except Exception as exc:
+        raise PayloadNotLoadable(
+            f"the job's function or its arguments cannot be loaded in the rank process: "
+            f"{type(exc).__name__}: {describe_exception(exc)} (a module the driver imports and "
+            f"this machine lacks? install it on the executors, or have cloudpickle pickle "
+            f"it by value)") from exc
+
+
 def _returns_value(rank: int) -> bool:
     wanted = RETURN_RANKS.read()
     return wanted is None or str(rank) in wanted.split(",")
@@ -71,9 +86,9 @@ def main() -> int:
               "from a launcher (HVS_CHANNEL); start ranks with collectives.launch or "
               "horovod_spark", file=sys.stderr)
         return 2
-    fn, args, kwargs = cloudpickle.loads(end.payload())
     code = 0
     try:
+        fn, args, kwargs = _load(end.payload())
         value = fn(*args, **kwargs)
         try:
             result = RankResult(value_blob=cloudpickle.dumps(
@@ -94,9 +109,15 @@ def main() -> int:
     return code
 
 
-def _leave(rc: int) -> None:
-    """A failed rank leaves at once (its peers see it gone); one that returned exits the way
-    Python does, within EXIT_GRACE_S."""
+def leave(rc: int) -> None:
+    """A failed rank leaves at once (its peers see it gone).  One that returned leaves as a
+    multiprocessing child does: it waits for its non-daemon threads and runs the exit
+    handlers (the adapters' hvd.shutdown(), which tells ranks still waiting in a collective
+    that this one returned; the timeline's close; logging's flush), then ends with os._exit,
+    all within EXIT_GRACE_S.  The interpreter's own teardown and C++ static destructors never
+    run: torch 2.13 aborts in them after DDP about one exit in eight ("terminate called
+    without an active exception", under torchrun too), which would fail a job whose result
+    is already sent."""
     def cut():
         sys.stdout.flush()
         sys.stderr.flush()
@@ -107,8 +128,14 @@ def _leave(rc: int) -> None:
     timer = threading.Timer(EXIT_GRACE_S, cut)
     timer.daemon = True
     timer.start()
-    sys.exit(rc)
+    try:
+        for thread in threading.enumerate():
+            if not thread.daemon and thread is not threading.current_thread():
+                thread.join()
+        atexit._run_exitfuncs()
+    finally:
+        cut()
 
 
 if __name__ == "__main__":
-    _leave(main())
+    leave(main())

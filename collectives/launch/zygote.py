@@ -268,7 +268,7 @@ def _fork_rank(env: dict, cwd, channel: int) -> int:
         sys.argv = ["-m"]
         from collectives.launch import worker
 
-        rc = worker.main()
+        worker.leave(worker.main())  # the exit handlers, then os._exit, as a fresh rank
     except SystemExit as exc:
         rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:

@@ -56,6 +56,7 @@ class JobOptions:
     executable: Optional[str] = None
     settings: DriverSettings = DriverSettings()  # the driver's switches, read as the job starts
     timeout: Optional[float] = None   # seconds for the whole job (each attempt); None: none
+    torch_layout: str = "hosts"       # torchrun's nodes: a host's ranks, or each task alone
 
     def say(self, level: int, msg: str) -> None:
         if self.verbose >= level:
@@ -166,7 +167,8 @@ class BarrierJob:
                         opened.close()
                 raise
         fields = dict(env=opts.env, show_output=opts.show_output, rank0_only=opts.rank0_only,
-                      executable=opts.executable, warm=opts.settings.warm_start)
+                      executable=opts.executable, warm=opts.settings.warm_start,
+                      torch_layout=opts.torch_layout)
         fields.update(spec_fields)
         spec = TaskSpec(job=job, secret=self.secret, task_key=self.task_key, payload=payload,
                         log_address=server.address if server else None,

@@ -200,7 +200,7 @@ def run_elastic_on_driver(payload: bytes, opts, eopts: ElasticOptions, files) ->
         group, server = start_ranks(
             [opts.executable or sys.executable, "-m", "collectives.launch.worker"], np_, env,
             stdout=opts.stdout, stderr=opts.stderr, payload=payload,
-            prepare=lambda store, job: keeper.seed(store, job, number, np_))
+            prepare=lambda store, job: keeper.seed(store, job, number, np_), attempt=number)
         with group:
             try:
                 return group.wait_results(opts.timeout, finish_grace(env))

@@ -50,9 +50,11 @@ def mpiexec_command(np: int, script: str, args: Sequence[str] = (),
 
 
 def _rank_environment(env: Optional[Mapping[str, str]]) -> dict:
+    from collectives.launch.torchrun import VARIABLES
+
     base = dict(os.environ if env is None else env)
     out = {k: v for k, v in base.items()
-           if not k.startswith(_RANK_PREFIXES) and k not in _RANK_NAMES}
+           if not k.startswith(_RANK_PREFIXES) and k not in _RANK_NAMES and k not in VARIABLES}
     out["HOROVOD_SPARK_BACKEND"] = "mpi"
     return out
 

@@ -72,6 +72,8 @@ class SparkStore(StoreServer):
         self.job_store: Optional[str] = job_store or (self.address if rank == 0 else None)
         self._tls = threading.local()
         self._clients: list = []
+        self._reserved = None  # rank 0's: the socket that holds torch's MASTER_PORT
+        self._master_port: Optional[int] = None  # as the round tells it
         self.rounds = 0
 
     def is_shared(self, key: str) -> bool:
@@ -88,8 +90,10 @@ class SparkStore(StoreServer):
 
     def _round(self) -> None:
         try:
-            msg = json.dumps({"job": self.job, "rank": self.rank, "store": self.address})
-            replies = [json.loads(r) for r in self._all_gather(msg)]
+            mine = {"job": self.job, "rank": self.rank, "store": self.address}
+            if self.rank == 0:  # rank 0's task may be gone before the others ask its store
+                mine["master_port"] = self._reserve()
+            replies = [json.loads(r) for r in self._all_gather(json.dumps(mine))]
             self.rounds += 1
             for sender, reply in enumerate(replies):
                 if reply.get("job") != self.job or reply.get("rank") != sender:
@@ -98,6 +102,7 @@ class SparkStore(StoreServer):
                         f"not {self.job!r}", rank=self.rank, size=self.size, op="rendezvous",
                         hint="two jobs or attempts share one barrier stage"))
             self.job_store = replies[0]["store"]
+            self._master_port = int(replies[0]["master_port"])
         except BaseException as exc:
             self._round_error = exc
         finally:
@@ -140,6 +145,33 @@ class SparkStore(StoreServer):
             self._clients.append(client)
         return client
 
+    def master_port(self) -> int:
+        """torch's MASTER_PORT for this job attempt: rank 0's task reserves a port on its
+        address (`collectives.launch.torchrun.reserve_port`, held until this store closes)
+        and publishes it in the driver's job store, or in its message of the round, since
+        its task store may be closed before the others ask it (a rank 0 that returned at
+        once); the other tasks wait for it."""
+        key = f"{self.job}/torchrun/master_port"
+        if self.on_driver and self.rank == 0:
+            port = self._reserve()
+            self._client().set(key, str(port).encode())
+            return port
+        if self.on_driver:
+            return int(self._client().get(key, self._round_timeout))
+        self._start_round()
+        if self.rank == 0:
+            return self._reserve()
+        self._wait_round()
+        return self._master_port
+
+    def _reserve(self) -> int:
+        with self._round_lock:
+            if self._reserved is None:
+                from collectives.launch.torchrun import reserve_port
+
+                self._reserved = reserve_port(self.address.rsplit(":", 1)[0].strip("[]"))
+            return self._reserved.getsockname()[1]
+
     def deliver(self, key: str, value: bytes) -> bool:
         """Put `value` in the driver's job store: a rank's result goes home this way, on the
         job's authenticated channel, not through Spark's collect() and the driver's JVM
@@ -177,6 +209,8 @@ class SparkStore(StoreServer):
             remote.delete(key)
 
     def close(self) -> None:
+        if self._reserved is not None:
+            self._reserved.close()
         for client in self._clients:
             client.close()
         super().close()  # shuts the listener down too, so accept() wakes

@@ -75,6 +75,7 @@ class TaskSpec:
     executable: Optional[str] = None
     warm: bool = True             # fork the rank from the executor's zygote when it has one
     job_store: Optional[str] = None  # host:port of the driver's job store (None: allGather)
+    torch_layout: str = "hosts"   # torchrun's variables: a node per host, or per task
 
 
 #: Seconds a GPU task waits for the other tasks of its host to publish their GPUs.
@@ -168,10 +169,13 @@ class RankProcess:
         gpus = self.ctx.resources().get("gpu")
         executable = self.spec.executable or sys.executable
         visible = None
-        if gpus is not None:
+        if gpus is not None and self.spec.torch_layout == "tasks":  # a node each: its own GPUs
+            visible = list(gpus.addresses), 0
+        elif gpus is not None:
             visible = host_gpus(self.server, self.spec.job, self.rank, self.hosts,
                                 list(gpus.addresses), GPU_EXCHANGE_TIMEOUT)
         self.env = env = child_env(self.spec, self.renv, visible)
+        env.update(self.torchrun_environ())
         self.warm = self.warm and gpus is None and WARM_START.read(env)  # the task's edge
         if self.warm:
             env["HVS_WARM_REPORT"] = ",".join(warm.REPORT)
@@ -188,6 +192,16 @@ class RankProcess:
                                  args=(pipe, functools.partial(self._line, stream), split_lines))
             t.start()
             self._pumps.append(t)
+
+    def torchrun_environ(self) -> dict:
+        """torchrun's variables (see `collectives.launch.torchrun`): MASTER_ADDR is rank 0's
+        task address, MASTER_PORT the port rank 0's task reserved there."""
+        from collectives.launch.torchrun import torchrun_environ
+
+        run_id, _, attempt = self.spec.job.rpartition("/a")
+        return torchrun_environ(self.renv, self.hosts[0], self.server.master_port(), run_id,
+                                int(attempt) if attempt.isdigit() else 0,
+                                self.spec.torch_layout)
 
     def _line(self, stream: str, text: str) -> None:
         kind = stream

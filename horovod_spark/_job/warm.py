@@ -19,7 +19,7 @@ zygote: the private socketpair of the zygote it started, or one accepted on the
 zygote's name after the kernel vouched for the same uid at both ends (see
 `collectives.launch.zygote`).
 The zygote's *key* is its interpreter and the rank environment without the
-per-job variables (HVS_*, HOROVOD_RANK...): a job whose environment differs
+per-job variables (HVS_*, HOROVOD_RANK..., torchrun's): a job whose environment differs
 (another PYTHONPATH, OMP_NUM_THREADS, a user variable) starts its ranks
 fresh and leaves a zygote of its own key.  The *report*: a rank started with
 HVS_WARM_REPORT sends which of those modules it imported on its channel; the task
@@ -51,6 +51,7 @@ import subprocess
 import threading
 from typing import Mapping, Optional, Tuple
 
+from collectives.launch import torchrun
 from collectives.launch.procs import die_with_parent
 from collectives.launch.zygote import MAX_PACKET, peer_uid
 
@@ -75,7 +76,8 @@ _zygote: Optional["_Owner"] = None
 
 def zygote_env(env: Mapping[str, str]) -> dict:
     """The rank environment without its per-job variables: the zygote's own."""
-    return {k: v for k, v in env.items() if not k.startswith("HVS_") and k not in _RANK_KEYS}
+    return {k: v for k, v in env.items() if not k.startswith("HVS_") and k not in _RANK_KEYS
+            and k not in torchrun.VARIABLES}
 
 
 def _key(executable: str, env: Mapping[str, str]) -> tuple:

@@ -256,8 +256,67 @@ def scenario_estimator(spark, a: dict) -> dict:
             "refused": refused}
 
 
+def _ddp_model_and_batch(rank: int, step: int):
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(16, 8, generator=g)
+    return model, (x, x[:, :2] * 2.0 - 1.0)
+
+
+def ddp_fn(steps: int) -> dict:
+    """DistributedDataParallel as its tutorial writes it (env://); every rank's placement and
+    weights."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = torch.nn.parallel.DistributedDataParallel(_ddp_model_and_batch(0, 0)[0])
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(steps):
+        x, y = _ddp_model_and_batch(rank, step)[1]
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    env = {k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "GROUP_RANK", "MASTER_ADDR",
+                                      "HVS_BIND_ADDR")}
+    mine = {"env": env, "weights": [v.flatten().tolist() for v in model.module.parameters()]}
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    dist.destroy_process_group()
+    return everyone
+
+
+def ddp_expected(world: int, steps: int) -> list:
+    """What DDP over `world` ranks ends with: one process, the mean of every rank's loss."""
+    import torch
+
+    model = _ddp_model_and_batch(0, 0)[0]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(steps):
+        losses = [torch.nn.functional.mse_loss(model(x), y)
+                  for x, y in (_ddp_model_and_batch(r, step)[1] for r in range(world))]
+        opt.zero_grad()
+        (sum(losses) / world).backward()
+        opt.step()
+    return [v.flatten().tolist() for v in model.parameters()]
+
+
+def scenario_torchdist(spark, a: dict) -> dict:
+    """A DDP function through horovod_spark.TorchDistributor, every rank's account."""
+    from horovod_spark import TorchDistributor
+
+    ranks = TorchDistributor(num_processes=a["np"], local_mode=False, use_gpu=False,
+                             verbose=0).run(ddp_fn, a.get("steps", 3))
+    return {"ranks": ranks, "expected": ddp_expected(a["np"], a.get("steps", 3))}
+
+
 SCENARIOS = {"collectives": scenario_collectives, "fault": scenario_fault,
-             "estimator": scenario_estimator, "steady": scenario_steady}
+             "estimator": scenario_estimator, "steady": scenario_steady,
+             "torchdist": scenario_torchdist}
 
 
 def serve(layout: dict) -> None:

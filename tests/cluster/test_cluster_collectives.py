@@ -63,6 +63,21 @@ def test_four_ranks_on_two_hosts_sum_exactly_and_agree_on_weights(four_on_two, m
     assert len({r["weights"] for r in ranks}) == 1
 
 
+def test_a_ddp_function_runs_on_four_ranks_on_two_hosts_through_torch_distributor(pair, cluster):
+    import numpy as np
+
+    result = pair.run("torchdist", np=4)
+    assert "exception" not in result, result.get("exception")
+    ranks = result["ranks"]
+    assert [r["env"]["RANK"] for r in ranks] == ["0", "1", "2", "3"]
+    assert {r["env"]["MASTER_ADDR"] for r in ranks} == {ranks[0]["env"]["HVS_BIND_ADDR"]}
+    assert len({r["env"]["HVS_BIND_ADDR"] for r in ranks}) == 2  # two hosts
+    assert [r["env"]["GROUP_RANK"] for r in ranks] == ["0", "1", "2", "3"]  # a node a task
+    for r in ranks:
+        for got, want in zip(r["weights"], result["expected"]):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 @pytest.fixture(scope="module")
 def six_on_three(trio):
     result = trio.run("collectives", np=6, modes=["driver"])
