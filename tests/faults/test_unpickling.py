@@ -34,7 +34,7 @@ SPARK = "Spark's own task-result channel (collect()), which PySpark itself unpic
 USER_MODEL = "the model the user's own job pickled, from a Spark broadcast or the user's Store"
 #: (file, function) -> where the bytes come from and why that is trusted.
 REVIEWED = {
-    ("collectives/launch/worker.py", "main"): "the job payload, from its launcher on "
+    ("collectives/launch/worker.py", "_load"): "the job payload, from its launcher on "
                                               + OWN_CHANNEL,
     ("collectives/launch/procs.py", "RankFailed.original"): "a rank's exception, from "
                                                       + OWN_CHANNEL + "; on Spark, from "
