@@ -221,14 +221,16 @@ def _window_rates(recent) -> tuple:
     last = recent[-1]
     first = next((r for r in recent if last["t"] - r["t"] <= WINDOW), last)
     if first is last:
-        span, samples, ar, done = last["t"], last["samples"], last["allreduce_s"], last["done"]
+        span, samples, ar, done = last["t"], last["samples"], last.get("allreduce_s", 0), last["done"]
     else:
         span = last["t"] - first["t"]
-        samples, ar = last["samples"] - first["samples"], last["allreduce_s"] - first["allreduce_s"]
+        samples = last["samples"] - first["samples"]
+        ar = last.get("allreduce_s", 0) - first.get("allreduce_s", 0)
         done = last["done"] - first["done"]
     if span <= 0:
         return 0.0, None, 0.0
-    return samples / span, ar / span, done / span
+    measured = "allreduce_s" in last  # a rank without our engine (torch.distributed) says none
+    return samples / span, ar / span if measured else None, done / span
 
 
 def _position(rec: dict, desc: str) -> tuple:

@@ -15,8 +15,8 @@ at the last step of an epoch.  It does nothing unless the driver asked for
 progress (HVS_PROGRESS=1 in the rank environment: verbose >= 1), so a plain
 `python train.py` or an `mpiexec` run prints no records.  `Tracked` wraps the
 job's function on the ranks: when that function never calls `report`, a hook
-on every `hvd.DistributedOptimizer` step (torch's global optimizer step hook)
-counts the steps, and the fusion engine's metrics give the seconds inside
+on every `hvd.DistributedOptimizer` step, or every optimizer step once
+torch.distributed is initialized (torch's global optimizer step hook), counts the steps, and the fusion engine's metrics give the seconds inside
 allreduce.  The adapters tell this module what it needs of them: each
 registers the seconds its engine spends in collectives (`add_engine_source`),
 and torch's adapter its optimizer class (`count_steps_of`).
@@ -64,6 +64,7 @@ class _Totals:
         self.rank = int(os.environ.get("HVS_RANK", "0") or 0)
         self.t0 = time.monotonic()
         self.done, self.samples, self.allreduce_s = 0, 0, 0.0
+        self.measured = False          # allreduce_s measured (an engine, or report's figure)
         self.position: dict = {}
         self.loss: Optional[float] = None
         self.emitted = -math.inf
@@ -110,8 +111,9 @@ def _engine_seconds(s: _Totals) -> float:
             return 0.0
         if now is not None:
             break
-    if now is None:
+    if now is None:  # no engine: a torch.distributed job's time in collectives is not ours
         return 0.0
+    s.measured = True
     delta = now - s._engine_seen if now >= s._engine_seen else now  # a metrics reset
     s._engine_seen = now
     return delta
@@ -119,7 +121,9 @@ def _engine_seconds(s: _Totals) -> float:
 
 def _record(s: _Totals, final: bool = False) -> str:
     rec = {"rank": s.rank, "t": round(time.monotonic() - s.t0, 4), "done": s.done,
-           "samples": s.samples, "allreduce_s": round(s.allreduce_s, 6), "final": final}
+           "samples": s.samples, "final": final}
+    if s.measured:
+        rec["allreduce_s"] = round(s.allreduce_s, 6)
     rec.update(s.position)
     if s.loss is not None and math.isfinite(s.loss):
         rec["loss"] = s.loss
@@ -201,7 +205,11 @@ def report(*, epoch: Optional[int] = None, step: Optional[int] = None,
             s.done += 1
             ints["step"] = step + 1
         s.samples += samples or 0
-        s.allreduce_s += allreduce_time if allreduce_time is not None else _engine_seconds(s)
+        if allreduce_time is not None:
+            s.allreduce_s += allreduce_time
+            s.measured = True
+        else:
+            s.allreduce_s += _engine_seconds(s)
         s.loss = loss if loss is not None else s.loss
         epoch_changed = epoch is not None and s.position.get("epoch") != epoch
         s.position.update({k: v for k, v in ints.items() if v is not None})
@@ -211,11 +219,16 @@ def report(*, epoch: Optional[int] = None, step: Optional[int] = None,
 
 
 def _is_distributed(optimizer) -> bool:
-    return isinstance(optimizer, tuple(_STEPPED))
+    """A step of hvd.DistributedOptimizer, or any optimizer's in a torch.distributed job (DDP,
+    FSDP, Lightning, Hugging Face: their gradients are reduced before the step)."""
+    if isinstance(optimizer, tuple(_STEPPED)):
+        return True
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()
 
 
 def _on_step(optimizer, _args, _kwargs) -> None:
-    """torch's global optimizer step post-hook: one hvd.DistributedOptimizer step is done."""
+    """torch's global optimizer step post-hook: one distributed step is done."""
     s = _totals
     try:
         if s is None or not s.on or s.explicit or not _is_distributed(optimizer):

@@ -32,12 +32,16 @@ EXPECTED = {
                         r"TensorBoard: \d+ step/loss points",
                         r"MLflow run [0-9a-f]+: \d+ params, val_accuracy per epoch \[[0-9., ]+\]"],
     "porting_from_horovod": [r"\[0\]<stdout>:epoch 4: loss", r"exit status: 0"],
+    "lightning_on_spark": [r"loss per epoch: [0-9. ]+", r"test accuracy: (\d+\.\d)%"],
 }
-NEEDS = {"keras_estimator": "keras", "porting_from_horovod": "torch"}
+NEEDS = {"keras_estimator": "keras", "porting_from_horovod": "torch",
+         "lightning_on_spark": "lightning"}
 # The bar in the kernel (tqdm); a CLI job's output is a pipe, so its progress comes as the
 # plain line the driver writes off a terminal.
 BAR = r"\d+/\d+ \[|\d+step \["
-PROGRESS = {"porting_from_horovod": r"training: \d+ steps, [\d,.]+ step/s"}
+PROGRESS = {"porting_from_horovod": r"training: \d+ steps, [\d,.]+ step/s",
+            # a torch.distributed job: optimizer steps, no allreduce share of ours to show
+            "lightning_on_spark": r"training: \d+ steps \[[\d:]+, [\d,.]+ step/s\]"}
 
 
 def test_every_notebook_has_a_test():
