@@ -60,8 +60,11 @@ __all__ = ["spawn", "learn", "shutdown", "WarmChild", "REPORT"]
 log = logging.getLogger("horovod_spark.warm")
 
 #: Fork-safe modules worth preloading, in import order; a rank reports which it imported.
-#: torch._dynamo: a torch optimizer's first step imports it (about 1 s, sympy included).
-REPORT = ("numpy", "pyarrow", "pandas", "scipy", "sklearn", "torch", "torch._dynamo",
+#: Not torch._dynamo, although a torch optimizer's first step imports it (about 0.7 s): with it
+#: imported before a Gloo process group exists, torch 2.13 deadlocks in about one job in three
+#: that destroys its group and then frees its DDP model (the destructor joins Gloo's worker
+#: with the GIL held, while the worker needs the GIL to drop a work's thread-local state).
+REPORT = ("numpy", "pyarrow", "pandas", "scipy", "sklearn", "torch",
           "torchvision", "horovod_spark.torch")
 #: A zygote is kept only for a job that imported one of these (the rest is cheap).
 HEAVY = ("pyarrow", "pandas", "scipy", "sklearn", "torch", "torchvision")

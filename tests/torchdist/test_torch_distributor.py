@@ -169,3 +169,14 @@ def test_a_local_mode_failure_names_the_rank_not_the_peers_gloo_error(tmp_path):
     with pytest.raises(JobFailedError) as info:
         distributor.run(programs.ddp_steps, steps=50, fail_rank=2, fail_step=1)
     assert info.value.rank == 2 and info.value.error_type == "ValueError", info.value
+
+
+def test_ddp_jobs_that_destroy_their_group_all_finish_on_warm_ranks(spark):
+    """Six jobs in a row, the later ones forked warm: each destroys its process group, then
+    frees its DDP model.  With torch._dynamo preloaded in the zygote, torch 2.13 deadlocked
+    in about one such job in three (the ProcessGroupGloo destructor joins its worker with the
+    GIL held, and the worker waits for the GIL)."""
+    distributor = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False, verbose=0,
+                                   env={"HOROVOD_SPARK_FINISH_GRACE_SECONDS": "30"})
+    for _ in range(6):
+        assert distributor.run(programs.ddp_steps, steps=3)["env"]["WORLD_SIZE"] == "2"
