@@ -108,10 +108,14 @@ class Standalone:
         except FileNotFoundError:
             return "(no log)"
 
+    def driver_env(self) -> Dict[str, str]:
+        """The environment of a driver program in the head box (`_program.session` reads it)."""
+        return {**self._env(self.head), "CLUSTER_TEST_MASTER": self.url,
+                "CLUSTER_TEST_DRIVER_HOST": self.head.address}
+
     def app(self, name: str, layout: dict, env: Optional[Dict[str, str]] = None) -> "App":
         """A driver program (one Spark app) in the head box, serving scenarios; see `App`."""
-        full = {**self._env(self.head), "CLUSTER_TEST_MASTER": self.url,
-                "CLUSTER_TEST_DRIVER_HOST": self.head.address, **(env or {})}
+        full = {**self.driver_env(), **(env or {})}
         return App(self.head.box, full, os.path.join(self.logs, f"app-{name}-{time.time_ns()}.log"),
                    layout)
 
