@@ -130,6 +130,7 @@ def test_every_refusal_is_pysparks_word_for_word(spark, tmp_path):
         spark.conf.unset("spark.ssl.enabled")
 
 
+@pytest.mark.timeout(60)  # named within 60 s, or the test fails
 def test_a_rank_that_raises_in_ddp_backward_is_named_and_nothing_is_left(spark):
     tag = f"torchdist-{os.getpid()}-{id(spark)}"
     segments = set(os.listdir("/dev/shm"))
