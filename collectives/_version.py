@@ -3,4 +3,4 @@
 It lives in the lower package so that `collectives` and `horovod_spark` (which
 may import downward only) report the same number; setup.py reads this file.
 """
-__version__ = "0.2.0"
+__version__ = "0.3.0"

@@ -122,7 +122,8 @@ def _session(master: Optional[str], np_: int, conf: dict, remote: Optional[str] 
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.remote(remote) if remote else \
-        SparkSession.builder.master(master).appName("horovod-spark")
+        SparkSession.builder.master(master).appName("horovod-spark") \
+        .config("spark.ui.showConsoleProgress", "false")  # the job's own bar shows progress
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()

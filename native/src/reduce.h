@@ -1,7 +1,7 @@
 // Elementwise reduction kernels: out[i] = a[i] op b[i].
 //
 // One kernel per (dtype, op), compiled for several instruction sets and
-// picked at load time (GCC target_clones).  Integers wrap on overflow, as
+// picked at load time (target_clones: GCC and clang).  Integers wrap on overflow, as
 // numpy's do.  float16 and bfloat16 are computed in float and rounded back to
 // nearest-even after every op.  bool: sum and max are logical or, product and
 // min logical and.  Float min/max propagate NaN, like numpy.minimum.
