@@ -165,6 +165,8 @@ def _epoch(hvd, spec: TrainSpec, s: _Setup, data: RankData, grads: Gradients,
            history: Dict[str, List[float]], epoch: int) -> bool:
     """One epoch on every rank; whether training stops after it (one rank 0 decision)."""
     names = ["loss"] + [n for n, _ in s.metrics]
+    if events.active:
+        hvd.metrics(reset=True)  # the share counts this epoch alone, not the setup's broadcasts
     began = time.perf_counter()
     lr = s.lr()
     train_sums = _train_epoch(spec, s, grads, data.epoch(epoch), progress, epoch, events)

@@ -97,7 +97,7 @@ def test_the_cli_prints_its_version(tmp_path):
                           env=bare_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"horovod-spark {horovod_spark.__version__}"
-    assert horovod_spark.__version__ == "0.2.0"
+    assert horovod_spark.__version__ == "0.3.0"
 
 
 @pytest.mark.parametrize("words", [("nope.py",), ("python", "nope.py", "--epochs", "3")])
