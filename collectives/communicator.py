@@ -42,6 +42,13 @@ class Work:
     def exception(self) -> Optional[BaseException]:
         return self._future.exception() if self._future.done() else None
 
+    def on_done(self, callback) -> None:
+        """callback(result, error) once the op has ended (now, if it has), on the thread that
+        ends it."""
+        self._future.add_done_callback(
+            lambda f: callback(None, f.exception()) if f.exception() is not None
+            else callback(f.result(), None))
+
 
 class Communicator:
     def __init__(self, backend: Backend, config: Optional[Config] = None, *, store=None,
@@ -201,6 +208,19 @@ class Communicator:
                 B.scale_(dst, dtype, postscale)
 
         self._run("allreduce", (name, B.Buf(src, dtype, src.shape, None, "numpy")), run, False)
+
+    def flat(self, op: str, *args, async_op: bool = False, then=None):
+        """The backend's `op` (allreduce, allgather, broadcast, reducescatter, alltoall,
+        barrier: `Backend`'s signatures) on flat CPU buffers the caller checked, numbered and
+        guarded like every op, then `then()`; returns then()'s value, or a Work with
+        async_op.  For adapters that convert their own tensors (torch's c10d backend)."""
+        fn = getattr(self.backend, op)
+
+        def run():
+            fn(*args)
+            return then() if then is not None else None
+
+        return self._run(op, "", run, async_op)
 
     def _out_buf(self, out, src: B.Buf, what: str) -> B.Buf:
         if out is None:

@@ -33,7 +33,7 @@ from . import auth
 from .accept import AcceptGate, accept_loop
 from ..errors import AuthenticationError, CollectiveError, CollectiveTimeout, PeerLostError, describe
 
-__all__ = ["Store", "InMemoryStore", "TCPStore", "StoreServer"]
+__all__ = ["Store", "InMemoryStore", "ForeignStore", "TCPStore", "StoreServer"]
 
 _SET, _GET, _ADD, _DEL, _CHECK = 1, 2, 3, 4, 5
 _OK, _TIMEOUT, _ERROR = 0, 1, 2
@@ -69,6 +69,37 @@ class Store:
 
     def close(self) -> None:
         pass
+
+
+class ForeignStore(Store):
+    """Another framework's key-value store seen as a `Store`: anything with set(key, value),
+    get(key) that waits, add(key, n), check([keys]) and delete_key(key), as torch's c10d
+    stores have.  Its get waits with the foreign store's own timeout; `get`'s here is kept by
+    polling `check`."""
+
+    def __init__(self, store, poll: float = 0.01) -> None:
+        self._store, self._poll = store, poll
+
+    def set(self, key, value):
+        self._store.set(key, bytes(value))
+
+    def get(self, key, timeout=None):
+        if timeout is not None:
+            deadline = time.monotonic() + timeout
+            while not self.check(key):
+                if time.monotonic() > deadline:
+                    raise CollectiveTimeout(f"store key {key!r} not set after {timeout:g} s")
+                time.sleep(self._poll)
+        return bytes(self._store.get(key))
+
+    def add(self, key, amount):
+        return int(self._store.add(key, int(amount)))
+
+    def delete(self, key):
+        self._store.delete_key(key)
+
+    def check(self, key):
+        return bool(self._store.check([key]))
 
 
 class InMemoryStore(Store):

@@ -33,6 +33,7 @@ from .quiet import failure_logs_off
 from .settings import DriverSettings
 from .watch import Watch
 from .task import TaskSpec, run_task
+from .._c10d_autoload import Armed
 from ..progress import ENABLED as _PROGRESS_ENV
 from ..progress import Tracked
 
@@ -72,8 +73,11 @@ def _restarting(opts: JobOptions, attempt: int, exc: JobFailedError) -> bool:
 
 
 def _tracked(fn, opts: JobOptions):
-    """The function the ranks run: with the progress step hook when the job shows progress."""
-    return Tracked(fn) if set(_PROGRESS_ENV) <= set(opts.env) and callable(fn) else fn
+    """The function the ranks run: torch.distributed's "hvs" backend registered first (see
+    `_c10d_autoload`), with the progress step hook when the job shows progress."""
+    if not callable(fn):
+        return fn
+    return Armed(Tracked(fn) if set(_PROGRESS_ENV) <= set(opts.env) else fn)
 
 
 def payload_of(fn, args, kwargs, opts: JobOptions) -> bytes:

@@ -23,6 +23,7 @@ from ._compat import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled
 from ._state import (cross_rank, cross_size, init, is_homogeneous, is_initialized, local_rank,
                      local_size, metrics, rank, shutdown, size, start_timeline, stop_timeline)
 from .compression import Compression
+from . import c10d  # registers the "hvs" torch.distributed backend
 from . import elastic
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters)

@@ -266,13 +266,13 @@ def _ddp_model_and_batch(rank: int, step: int):
     return model, (x, x[:, :2] * 2.0 - 1.0)
 
 
-def ddp_fn(steps: int) -> dict:
-    """DistributedDataParallel as its tutorial writes it (env://); every rank's placement and
-    weights."""
+def ddp_fn(steps: int, backend: str = "gloo") -> dict:
+    """DistributedDataParallel as its tutorial writes it (env://) over `backend`; every rank's
+    placement and weights."""
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group("gloo")
+    dist.init_process_group(backend)
     rank = dist.get_rank()
     model = torch.nn.parallel.DistributedDataParallel(_ddp_model_and_batch(0, 0)[0])
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -310,7 +310,7 @@ def scenario_torchdist(spark, a: dict) -> dict:
     from horovod_spark import TorchDistributor
 
     ranks = TorchDistributor(num_processes=a["np"], local_mode=False, use_gpu=False,
-                             verbose=0).run(ddp_fn, a.get("steps", 3))
+                             verbose=0).run(ddp_fn, a.get("steps", 3), a.get("backend", "gloo"))
     return {"ranks": ranks, "expected": ddp_expected(a["np"], a.get("steps", 3))}
 
 

@@ -63,10 +63,12 @@ def test_four_ranks_on_two_hosts_sum_exactly_and_agree_on_weights(four_on_two, m
     assert len({r["weights"] for r in ranks}) == 1
 
 
-def test_a_ddp_function_runs_on_four_ranks_on_two_hosts_through_torch_distributor(pair, cluster):
+@pytest.mark.parametrize("backend", ["gloo", "hvs"])  # hvs: shared memory in a host, TCP across
+def test_a_ddp_function_runs_on_four_ranks_on_two_hosts_through_torch_distributor(pair, cluster,
+                                                                                  backend):
     import numpy as np
 
-    result = pair.run("torchdist", np=4)
+    result = pair.run("torchdist", np=4, backend=backend)
     assert "exception" not in result, result.get("exception")
     ranks = result["ranks"]
     assert [r["env"]["RANK"] for r in ranks] == ["0", "1", "2", "3"]
