@@ -18,6 +18,7 @@ NotSupported naming the op and what to use.  CUDA tensors go to an inner NCCL gr
 """
 from __future__ import annotations
 
+import collections
 import socket
 import threading
 from typing import List, Optional
@@ -44,29 +45,139 @@ _DTYPES = {torch.float16: DType.FLOAT16, torch.bfloat16: DType.BFLOAT16,
            torch.uint8: DType.UINT8, torch.bool: DType.BOOL}
 
 
-class _Work(c10d.Work):
-    """A c10d Work over a torch Future.  torch's own from-a-future Work swallows the future's
-    error in wait(); this one raises it, as a backend's must."""
+class _Op:
+    """One submitted op: `fn` to run, and the torch Future its result completes."""
 
-    def __init__(self, fut: Future) -> None:
+    __slots__ = ("fn", "fut", "done")
+
+    def __init__(self, fn, fut: Optional[Future] = None) -> None:
+        self.fn, self.fut, self.done = fn, fut, False
+
+    def run(self) -> None:
+        try:
+            value = self.fn()
+        except BaseException as exc:  # noqa: BLE001 (the future carries it to every waiter)
+            self.done = True
+            if self.fut is None:
+                raise
+            self.fut.set_exception(exc)
+        else:
+            self.done = True
+            if self.fut is None:
+                self.fut = Future()
+            self.fut.set_result(value)
+
+
+class _Queue:
+    """A group's ops in submission order, each run by whoever takes it first: the group's
+    thread (so an op a caller does not wait for, such as DDP's bucket allreduce, runs while
+    backward goes on), or the caller's own thread when it waits for an op not yet begun
+    (a blocking call pays no thread hop).  One op runs at a time, oldest first."""
+
+    def __init__(self) -> None:
+        self._ops: collections.deque = collections.deque()
+        self._running = threading.Lock()  # held while an op runs: one at a time, in order
+        self._wake = threading.Condition(threading.Lock())
+        self._thread: Optional[threading.Thread] = None
+        self._stopping = False
+
+    def submit(self, fn) -> "_Work":
+        op = _Op(fn, Future())
+        with self._wake:
+            if self._stopping:
+                raise RuntimeError("hvs: the process group was shut down")
+            self._ops.append(op)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="hvs-c10d", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+        return _Work(op, self)
+
+    def run_now(self, fn) -> "_Done":
+        """An op its caller waits for at once (torch's blocking calls: `opts.asyncOp` off):
+        run here after the ops before it, with no thread hop and no wake of the thread; its
+        error raises here."""
+        with self._running:
+            while self._ops:
+                nxt = self._take()
+                if nxt is not None:
+                    nxt.run()
+            return _Done(fn())
+
+    def _take(self) -> Optional[_Op]:
+        with self._wake:
+            return self._ops.popleft() if self._ops else None
+
+    def run_through(self, op: _Op) -> None:
+        """Run the queue's ops on this thread until `op` has run (or another thread ran it)."""
+        with self._running:
+            while not op.done:
+                nxt = self._take()
+                if nxt is None:
+                    return  # taken by the group's thread: it has run, under this lock
+                nxt.run()
+
+    def _serve(self) -> None:
+        while True:
+            with self._wake:
+                while not self._ops and not self._stopping:
+                    self._wake.wait()
+                if self._stopping and not self._ops:
+                    return
+            with self._running:
+                op = self._take()
+                if op is not None:
+                    op.run()
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
+
+class _Work(c10d.Work):
+    """A c10d Work over a submitted op.  wait() runs the op on the caller's thread if no
+    thread has begun it, and raises its error (torch's own from-a-future Work swallows it)."""
+
+    def __init__(self, op: _Op, queue: Optional[_Queue]) -> None:
         super().__init__()
-        self._fut = fut
+        self._op, self._queue = op, queue
 
     def wait(self, timeout=None) -> bool:
-        self._fut.wait()
+        if not self._op.done:
+            self._queue.run_through(self._op)
+        self._op.fut.wait()
         return True
 
     def is_completed(self) -> bool:
-        return self._fut.done()
+        return self._op.done
 
     def get_future(self) -> Future:
-        return self._fut
+        return self._op.fut
 
 
-def _done(value) -> "dist.Work":
-    fut = Future()
-    fut.set_result(value)
-    return _Work(fut)
+class _Done(c10d.Work):
+    """The Work of an op that has run: its future, made when asked for, holds `value`."""
+
+    def __init__(self, value) -> None:
+        super().__init__()
+        self._value = value
+
+    def wait(self, timeout=None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def get_future(self) -> Future:
+        fut = Future()
+        fut.set_result(self._value)
+        return fut
+
+
+_done = _Done
 
 
 class _Flat:
@@ -74,7 +185,7 @@ class _Flat:
     tensor it must be copied back into when it was not contiguous."""
 
     def __init__(self, tensor: torch.Tensor, op: str) -> None:
-        if tensor.is_cuda or tensor.device.type != "cpu":
+        if tensor.device.type != "cpu":
             raise NotSupported(f"hvs {op}: {tensor.device} tensors go to a group of their own "
                                f"backend; init_process_group('cpu:hvs,cuda:nccl') routes CUDA "
                                f"tensors to NCCL")
@@ -83,10 +194,12 @@ class _Flat:
             raise TypeError(f"hvs {op}: unsupported dtype {tensor.dtype}; supported: "
                             + ", ".join(str(d) for d in _DTYPES))
         self.user, self.dtype = tensor, dtype
-        self.tensor = tensor if tensor.is_contiguous() else tensor.contiguous()
-        t = self.tensor.detach()
-        view = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
-        self.array = view.numpy().reshape(-1)
+        self.tensor = t = tensor if tensor.is_contiguous() else tensor.contiguous()
+        if t.requires_grad:
+            t = t.detach()
+        if dtype is DType.BFLOAT16:
+            t = t.view(torch.int16)
+        self.array = t.numpy() if t.dim() == 1 else t.numpy().reshape(-1)
 
     def back(self) -> None:
         if self.tensor is not self.user:
@@ -147,6 +260,7 @@ class ProcessGroupHVS(dist.ProcessGroup):
         self._cuda: Optional[dist.ProcessGroup] = None
         self._pairs: dict = {}
         self._lock = threading.Lock()
+        self._queue = _Queue()
 
     def getBackendName(self) -> str:
         return NAME
@@ -170,13 +284,13 @@ class ProcessGroupHVS(dist.ProcessGroup):
         return NAME
 
     # -- running ---------------------------------------------------------
-    def _run(self, op: str, *args, then=None, cuda=None) -> "dist.Work":
-        """The backend's op on the communicator's thread; a Work whose future carries
-        `then()` (the tensors torch expects back)."""
-        fut = Future()
-        self.comm.flat(op, *args, async_op=True, then=then).on_done(
-            lambda value, err: fut.set_exception(err) if err is not None else fut.set_result(value))
-        return _Work(fut)
+    def _run(self, op: str, *args, then=None, opts=None) -> "dist.Work":
+        """The backend's op, queued or, when torch waits for it at once, run now (see
+        `_Queue`); a Work whose future carries `then()` (the tensors torch expects back)."""
+        flat = self.comm.flat
+        if opts is not None and not opts.asyncOp:
+            return self._queue.run_now(lambda: flat(op, *args, then=then))
+        return self._queue.submit(lambda: flat(op, *args, then=then))
 
     def _nccl(self) -> dist.ProcessGroup:
         """The inner NCCL group for CUDA tensors, made on first use."""
@@ -195,26 +309,29 @@ class ProcessGroupHVS(dist.ProcessGroup):
 
     # -- the ops ---------------------------------------------------------
     def allreduce(self, tensors: List[torch.Tensor], opts=c10d.AllreduceOptions()):
-        if self._on_cuda(tensors):
-            return self._nccl().allreduce(tensors, opts)
-        red = opts.reduceOp.op if isinstance(opts.reduceOp, dist.ReduceOp) else opts.reduceOp
-        if red in _BITWISE:
-            return self._bitwise(tensors, _BITWISE[red])
-        if red not in _NATIVE:
+        red = _op(opts.reduceOp)
+        op = _NATIVE.get(red)
+        if op is None:
+            if self._on_cuda(tensors):
+                return self._nccl().allreduce(tensors, opts)
+            if red in _BITWISE:
+                return self._bitwise(tensors, _BITWISE[red])
             raise NotSupported(f"hvs allreduce: reduce op {red} is NCCL's only; use SUM, AVG, "
                                f"PRODUCT, MIN, MAX, BAND, BOR or BXOR")
-        op = _NATIVE[red]
-        flats = [_Flat(t, "allreduce") for t in tensors]
-        if op == ReduceOp.AVERAGE and not flats[0].dtype.is_floating:
-            raise TypeError(f"hvs allreduce: AVG of {tensors[0].dtype} tensors; average floating "
-                            f"point tensors, or SUM and divide")
+        if self._on_cuda(tensors):
+            return self._nccl().allreduce(tensors, opts)
         work = None
-        for f in flats:
-            native = ReduceOp.SUM if op == ReduceOp.AVERAGE else op
-            post = (lambda f=f: (f.tensor.div_(self.size()), f.back())) \
-                if op == ReduceOp.AVERAGE else f.back
-            work = self._run("allreduce", f.array, f.array, f.dtype, native,
-                             then=lambda post=post: (post(), tensors)[1])
+        for f in [_Flat(t, "allreduce") for t in tensors]:
+            if op is ReduceOp.AVERAGE:
+                if not f.dtype.is_floating:
+                    raise TypeError(f"hvs allreduce: AVG of {f.user.dtype} tensors; average "
+                                    f"floating point tensors, or SUM and divide")
+                work = self._run("allreduce", f.array, f.array, f.dtype, ReduceOp.SUM,
+                                 then=lambda f=f: (f.tensor.div_(self.size()), f.back(),
+                                                   tensors)[2], opts=opts)
+            else:
+                work = self._run("allreduce", f.array, f.array, f.dtype, op,
+                                 then=lambda f=f: (f.back(), tensors)[1], opts=opts)
         return work
 
     allreduce_coalesced = allreduce
@@ -240,22 +357,22 @@ class ProcessGroupHVS(dist.ProcessGroup):
         for t in tensors:
             f = _Flat(t, "broadcast")
             work = self._run("broadcast", f.array, f.dtype, opts.rootRank,
-                             then=lambda f=f: (f.back(), tensors)[1])
+                             then=lambda f=f: (f.back(), tensors)[1], opts=opts)
         return work
 
-    def _allgather_into(self, output: torch.Tensor, input: torch.Tensor):
+    def _allgather_into(self, output: torch.Tensor, input: torch.Tensor, opts=None):
         src, dst = _Flat(input, "allgather"), _Flat(output, "allgather")
         if dst.array.size != src.array.size * self.size() or dst.dtype != src.dtype:
             raise ValueError(f"hvs allgather: output of {output.numel()} {output.dtype} for "
                              f"{self.size()} x {input.numel()} {input.dtype}")
         n = src.array.size
         return self._run("allgather", src.array, dst.array, src.dtype, [n] * self.size(),
-                         then=lambda: (dst.back(), [output])[1])
+                         then=lambda: (dst.back(), [output])[1], opts=opts)
 
     def _allgather_base(self, output, input, opts=c10d.AllgatherOptions()):
         if input.is_cuda:
             return self._nccl()._allgather_base(output, input, opts)
-        return self._allgather_into(output, input)
+        return self._allgather_into(output, input, opts)
 
     all_gather_single = _allgather_base
 
@@ -279,7 +396,7 @@ class ProcessGroupHVS(dist.ProcessGroup):
 
     allgather_coalesced = allgather
 
-    def _reduce_scatter_into(self, output, input, red):
+    def _reduce_scatter_into(self, output, input, red, opts=None):
         if red not in _NATIVE:
             raise NotSupported(f"hvs reduce_scatter: reduce op {red}; use SUM, AVG, PRODUCT, "
                                f"MIN or MAX")
@@ -298,12 +415,12 @@ class ProcessGroupHVS(dist.ProcessGroup):
 
         native = ReduceOp.SUM if op == ReduceOp.AVERAGE else op
         return self._run("reducescatter", src.array, dst.array, src.dtype, native,
-                         [n] * self.size(), then=then)
+                         [n] * self.size(), then=then, opts=opts)
 
     def _reduce_scatter_base(self, output, input, opts=c10d.ReduceScatterOptions()):
         if input.is_cuda:
             return self._nccl()._reduce_scatter_base(output, input, opts)
-        return self._reduce_scatter_into(output, input, _op(opts.reduceOp))
+        return self._reduce_scatter_into(output, input, _op(opts.reduceOp), opts)
 
     reduce_scatter_single = _reduce_scatter_base
 
@@ -364,7 +481,7 @@ class ProcessGroupHVS(dist.ProcessGroup):
         src, dst = _Flat(input, "alltoall"), _Flat(output, "alltoall")
         return self._run("alltoall", src.array, [r * row for r in rows_in], dst.array,
                          [r * row for r in rows_out], src.dtype,
-                         then=lambda: (dst.back(), [output])[1])
+                         then=lambda: (dst.back(), [output])[1], opts=opts)
 
     all_to_all_single = alltoall_base
 
@@ -380,7 +497,7 @@ class ProcessGroupHVS(dist.ProcessGroup):
         return _done(output_tensors)
 
     def barrier(self, opts=c10d.BarrierOptions()):
-        return self._run("barrier", then=lambda: [])
+        return self._run("barrier", then=lambda: [], opts=opts)
 
     # -- point to point: a communicator per pair of ranks, made when they first talk --------
     def _pair(self, peer: int) -> Communicator:
@@ -410,6 +527,7 @@ class ProcessGroupHVS(dist.ProcessGroup):
         raise NotSupported("hvs recv: a receive from any source; name the source rank")
 
     def shutdown(self) -> None:
+        self._queue.stop()
         for comm in (*self._pairs.values(), self.comm):
             comm.close()
         self._pairs = {}
