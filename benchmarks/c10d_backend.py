@@ -12,7 +12,8 @@ the slowest rank counts.  Ops: all_reduce (Sum), all_gather_into_tensor,
 reduce_scatter_tensor (Sum) of CPU float32; `hvd` is hvd.allreduce_ (the lane),
 hvd.allgather and hvd.reducescatter.  Then training steps of a wide MLP (about 50M
 parameters, batch 8): DDP over Gloo and over hvs, FSDP2 (fully_shard per layer) over each,
-interleaved step by step, median step time.  `--tcp` starts each rank as its own host, so
+interleaved step by step, median step time; `none` is the same step with no
+communication (the floor), and "beyond none" what each backend adds to it.  `--tcp` starts each rank as its own host, so
 the package's transport takes TCP over loopback as it does between hosts (Gloo always
 does).  JSON goes to benchmarks/results/.
 """
@@ -123,7 +124,8 @@ def _trainers(spec, groups) -> dict:
     import torch.distributed as dist
 
     x = torch.randn(spec["batch"], spec["width"])
-    steps = {}
+    alone = _mlp(spec)  # the floor: the same step with no communication
+    steps = {"none": _step(alone, torch.optim.SGD(alone.parameters(), lr=1e-4), x)}
     for backend in ("gloo", "hvs"):
         group = groups[backend]
         if "ddp" in spec["train"]:
@@ -231,15 +233,20 @@ def main(argv=None) -> int:
         width, params = args.width, args.layers * (args.width * args.width + args.width)
         print(f"# training step of a {args.layers}-layer MLP of width {width} ({params / 1e6:.0f}M "
               f"parameters), batch {args.batch}, {where}; {args.steps} steps each, interleaved")
-        print(f"# {'impl':>11} {'median(ms)':>11} {'best(ms)':>9} {'vs gloo':>8}")
         med = {}
         for name in ranks[0]["train"]:
             per_step = [max(r["train"][name][i] for r in ranks) for i in range(args.steps)]
             med[name] = (statistics.median(per_step), min(per_step))
+        print(f"# {'impl':>11} {'median(ms)':>11} {'best(ms)':>9} {'vs gloo':>8} "
+              f"{'beyond none':>12} {'vs gloo':>8}")
+        floor = med["none"][0]
         for name, (m, b) in med.items():
-            kind = name.split("-")[0]
-            vs = m / med[f"{kind}-gloo"][0]
-            print(f"  {name:>11} {m * 1e3:>11.1f} {b * 1e3:>9.1f} {vs:>7.2f}x")
+            if name == "none":
+                print(f"  {name:>11} {m * 1e3:>11.1f} {b * 1e3:>9.1f}")
+                continue
+            gloo = med[f"{name.split('-')[0]}-gloo"][0]
+            print(f"  {name:>11} {m * 1e3:>11.1f} {b * 1e3:>9.1f} {m / gloo:>7.2f}x "
+                  f"{(m - floor) * 1e3:>12.1f} {(m - floor) / (gloo - floor):>7.2f}x")
         out["train"] = {name: {"median_s": m, "best_s": b} for name, (m, b) in med.items()}
     print(f"# load average {before} -> {load()}; {time.perf_counter() - t0:.0f} s")
     path = write_json("c10d_backend", out)
