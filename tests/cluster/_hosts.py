@@ -6,7 +6,9 @@ lives in a namespace of its own, so nothing of the cluster touches the
 machine's own namespace: no default route, no NAT, traffic only between the
 cluster's addresses and loopback.  A *box* is a mount and UTS namespace on a
 host, held open by a *holder* process (`sleep`): its own hostname, its own
-tmpfs `/dev/shm` and `/tmp`, and an `/etc/hosts` naming every host.  A host
+tmpfs `/dev/shm` and `/tmp` (the directories of the machine's /tmp that the cluster's
+processes need, a venv or the work tree made there, bound through: `kept_under_tmp`), and an
+`/etc/hosts` naming every host.  A host
 has one box, or several that share its address but not their `/dev/shm`
 (containers with host networking).  Every process of the cluster enters its
 box through `nsenter` on the holder's pid; every one is found again at
@@ -62,14 +64,39 @@ def _ip(*args: str) -> None:
         raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
 
 
+def kept_under_tmp() -> List[str]:
+    """The top directories under /tmp that the cluster's processes need and a box's private
+    /tmp would hide: the interpreter's prefixes (a venv made under /tmp), the work tree and
+    the directory tests run from."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    found = []
+    for path in (sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable),
+                 os.path.realpath(sys.executable), here, os.getcwd()):
+        for p in {os.path.abspath(path), os.path.realpath(path)}:
+            parts = p.split(os.sep)
+            if len(parts) > 2 and parts[1] == "tmp":
+                top = os.sep.join(parts[:3])
+                if os.path.isdir(top) and top not in found:
+                    found.append(top)
+    return found
+
+
 class Box:
     """A mount + UTS namespace on a host: one hostname, one /dev/shm, one /tmp."""
 
     def __init__(self, host: "Host", name: str, etc_hosts: str) -> None:
         self.host, self.name = host, name
-        script = (f"hostname {name} && mount -t tmpfs -o size=2g tmpfs /dev/shm && "
-                  f"mount -t tmpfs -o size=2g tmpfs /tmp && mount --bind {etc_hosts} /etc/hosts "
-                  "&& exec sleep 86400")
+        # what the box must still see under its own /tmp: the interpreter, a venv, the work
+        # tree, when they live in the machine's /tmp (bound aside, then back over the tmpfs)
+        keep = os.path.join(os.path.dirname(etc_hosts), "keep", name)
+        aside, back = [], []
+        for i, path in enumerate(kept_under_tmp()):
+            os.makedirs(f"{keep}/{i}", exist_ok=True)
+            aside.append(f"mount --bind {path} {keep}/{i}")
+            back.append(f"mkdir -p {path} && mount --bind {keep}/{i} {path}")
+        script = " && ".join([f"hostname {name}", "mount -t tmpfs -o size=2g tmpfs /dev/shm",
+                              *aside, "mount -t tmpfs -o size=2g tmpfs /tmp", *back,
+                              f"mount --bind {etc_hosts} /etc/hosts", "exec sleep 86400"])
         self.holder = subprocess.Popen(
             ["ip", "netns", "exec", host.netns, "unshare", "--uts", "--mount", "--propagation",
              "private", "sh", "-c", script], preexec_fn=_die_with_parent,
