@@ -8,6 +8,9 @@ ops there is no name to agree on: the others fail at the op timeout
 """
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 
 import _fault_kit as kit
@@ -48,14 +51,27 @@ def test_a_stalled_rank_is_reported_by_the_others_then_fails_them_at_the_stall_t
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_a_rank_stalled_in_a_plain_allreduce_fails_the_others_at_the_timeout_naming_it(
         fault, transport, freeze):
-    """SIGSTOP is the peer whose kernel still accepts our bytes but which never answers."""
-    out = kit.run_local_job(ranks.stall_in_allreduce, 3, args=(fault.outdir, 1, 3, freeze),
-                            env=fault.env(tcp=transport == "tcp", timeout=OP_TIMEOUT),
-                            outdir=fault.outdir)
-    assert out.error is not None, out.value
+    """SIGSTOP is the peer whose kernel still accepts our bytes but which never answers.
+
+    Every survivor must fail by itself, so no launcher tears them down: a launcher stops the
+    others a second after the first failure (by design), and under load that could come
+    before a survivor has written its own error."""
+    from collectives.launch import start_ranks
+
+    code = ("import _fault_ranks as r; "
+            f"r.stall_in_allreduce({fault.outdir!r}, 1, 3, {freeze})")
+    with open(os.devnull, "w") as sink:
+        group, _ = start_ranks([sys.executable, "-c", code], 3,
+                               fault.env(tcp=transport == "tcp", timeout=OP_TIMEOUT),
+                               stdout=sink, stderr=sink)
+        with group:  # its exit stops the stalled rank
+            kit.wait_until(lambda: all(group.procs[r].poll() is not None for r in (0, 2)),
+                           OP_TIMEOUT + 30.0, "both survivors exit")
+    out = kit.Outcome(None, None, 0.0, 0.0, fault.outdir, "")
     stalled_at = kit.note_of(out, "stalled", 1)["t"]
     errors = out.notes("error")
     for r in (0, 2):  # the first to time out leaves; the other may see it leave first
+        assert r in errors, f"rank {r} left no error: {errors}"
         assert errors[r]["type"] in ("CollectiveTimeout", "PeerLostError"), errors[r]
         after = errors[r]["t"] - stalled_at
         assert OP_TIMEOUT <= after < OP_TIMEOUT + 10, f"rank {r} failed {after:.1f} s into it"
