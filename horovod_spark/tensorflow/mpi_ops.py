@@ -86,10 +86,38 @@ def _adasum_raw(xs: Sequence[tf.Tensor], names, pre: float, post: float, ps=None
     return [from_wire(o, x.dtype) for o, x in zip(outs, xs)]
 
 
+def _half_scaled(xs: Sequence[tf.Tensor], names, op, pre: float, post: float, ps) -> list:
+    """float16/bfloat16 with scale factors, as Horovod's CPU ops scale them: each factor
+    applied in float32 math and rounded back once (the engine would scale in the tensor's
+    own precision), Average as a postscale of 1/size."""
+    f32 = tf.float32
+    scaled = [tf.cast(tf.cast(x, f32) * float(np.float32(pre)), x.dtype) if pre != 1.0 else x
+              for x in xs]
+    outs = _allreduce_raw(scaled, names, Sum, 1.0, 1.0, ps)
+    post = post / (_basics.size_of(ps) if op == Average else 1)
+    if post == 1.0:
+        return outs
+    return [tf.cast(tf.cast(o, f32) * float(np.float32(post)), o.dtype) for o in outs]
+
+
 def _allreduce_raw(xs: Sequence[tf.Tensor], names, op, pre: float, post: float,
                    ps=None) -> list:
     if op is Adasum:
         return _adasum_raw(xs, names, pre, post, ps)
+    if (pre != 1.0 or post != 1.0) and op in (Sum, Average):
+        half = [i for i, x in enumerate(xs) if x.dtype in (tf.float16, tf.bfloat16)]
+        if half:  # every rank holds the same dtypes: the split is the same everywhere
+            rest = [i for i in range(len(xs)) if i not in half]
+            out: list = [None] * len(xs)
+            for i, o in zip(half, _half_scaled([xs[i] for i in half], [names[i] for i in half],
+                                               op, pre, post, ps)):
+                out[i] = o
+            if rest:
+                for i, o in zip(rest, _allreduce_raw([xs[i] for i in rest],
+                                                     [names[i] for i in rest], op, pre, post,
+                                                     ps)):
+                    out[i] = o
+            return out
     if len(xs) == 1 and pre == 1.0 and ps is None:  # in a tf.function: the native op, if it applies
         out = _lane_op.allreduce(tf, xs[0], names[0], op, post)
         if out is not None:
@@ -126,9 +154,10 @@ def allreduce_dense(xs: Sequence[tf.Tensor], names: Sequence[str], op: ReduceOp,
 def allreduce_sparse(slices: tf.IndexedSlices, name: str, op: ReduceOp,
                      pre: float = 1.0, post: float = 1.0, ps=None) -> tf.IndexedSlices:
     """IndexedSlices reduced by allgathering values and indices (Horovod's way)."""
-    if op not in (Sum, Average):
-        raise ValueError(f"allreduce '{name}': tf.IndexedSlices support sum and average only, "
-                         f"got {op.name.lower()}; pass sparse_as_dense=True or a dense tensor")
+    if op not in (Sum, Average):  # NotImplementedError, as Horovod's
+        raise NotImplementedError(
+            f"allreduce '{name}': tf.IndexedSlices support sum and average only, got "
+            f"{getattr(op, 'name', str(op)).lower()}; pass sparse_as_dense=True or a dense tensor")
     values = allgather(slices.values, name=f"{name}.values", process_set=ps)
     indices = allgather(slices.indices, name=f"{name}.indices", process_set=ps)
     if op == Average:  # a true division, as Horovod's: integer values come back as floats
@@ -136,6 +165,15 @@ def allreduce_sparse(slices: tf.IndexedSlices, name: str, op: ReduceOp,
     if pre * post != 1.0:
         values = values * tf.cast(pre * post, values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
+
+
+def _no_sparse_scaling(pre: float, post: float) -> None:
+    """Horovod's allreduce refuses scale factors with tf.IndexedSlices (its optimizers'
+    gradient_predivide_factor still reaches sparse gradients, through allreduce_sparse)."""
+    if pre != 1.0 or post != 1.0:
+        raise NotImplementedError("allreduce: prescale_factor and postscale_factor do not apply "
+                                  "to tf.IndexedSlices; scale the values, or densify the "
+                                  "slices with tf.convert_to_tensor")
 
 
 def allreduce(tensor, average=None, device_dense: str = "", device_sparse: str = "",
@@ -156,6 +194,7 @@ def allreduce(tensor, average=None, device_dense: str = "", device_sparse: str =
     op = resolve_op(op, average)
     ps = _view(process_set, "allreduce")
     if isinstance(tensor, tf.IndexedSlices):
+        _no_sparse_scaling(prescale_factor, postscale_factor)
         return allreduce_sparse(tensor, op_name("allreduce", tensor.values, name, ps), op,
                                 prescale_factor, postscale_factor, ps)
     tensor = tf.convert_to_tensor(tensor)
@@ -178,6 +217,7 @@ def grouped_allreduce(tensors, average=None, device_dense: str = "", device_spar
     dense, wires, ctxs = [], [], []
     for i, t in enumerate(tensors):
         if isinstance(t, tf.IndexedSlices):
+            _no_sparse_scaling(prescale_factor, postscale_factor)
             out[i] = allreduce_sparse(t, f"{base}.{i}", op, prescale_factor, postscale_factor, ps)
             continue
         w, c = compression.compress(tf.convert_to_tensor(t))

@@ -17,7 +17,16 @@ __all__ = ["SyncBatchNormalization"]
 
 
 class SyncBatchNormalization(keras.layers.BatchNormalization):
-    """keras.layers.BatchNormalization whose training moments cover every rank's batch."""
+    """keras.layers.BatchNormalization whose training moments cover every rank's batch.
+
+    `fused` is Horovod's argument: False (the default) is accepted, True or None refused
+    as Horovod refuses them (a fused kernel computes its own moments); Keras 3 has no
+    such argument, so it goes no further."""
+
+    def __init__(self, fused=False, **kwargs):
+        if fused in (True, None):
+            raise ValueError("SyncBatchNormalization does not support fused=True.")
+        super().__init__(**kwargs)
 
     def _moments(self, inputs, mask):
         if mask is not None or _basics.size() == 1:

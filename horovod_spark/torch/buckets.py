@@ -67,8 +67,9 @@ class Bucket:
         """Zero every member's gradient in one kernel, keeping the views."""
         self.flat.zero_()
         for p, view in self.views.items():
-            if p in self.sparse or p.grad is None:  # None: its kind (dense or sparse) unseen
-                p.grad = None
+            if p in self.sparse or p.grad is None or p.grad.is_sparse:
+                p.grad = None  # None: its kind unseen; sparse (given back sparse after a
+                #                dense reduction): the next backward makes it sparse again
             elif p.grad is not view:
                 p.grad = view
 

@@ -58,10 +58,32 @@ def broadcast_optimizer_state(optimizer, root_rank: int = 0, prefix: str = "Para
     """Make every rank's (of `process_set`) optimizer state and hyperparameters root_rank's."""
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    if not optimizer.state_dict()["state"]:
+        _init_state(optimizer)
     state = broadcast_object(optimizer.state_dict(), root_rank, name=f"{prefix}optimizer_state",
                              process_set=process_set)
     if _state.rank() != root_rank:
         optimizer.load_state_dict(state)
+
+
+def _init_state(optimizer) -> None:
+    """A new optimizer's state made as Horovod makes it before broadcasting it: a zero
+    gradient for every parameter that takes one (sparse for SparseAdam), then one step of
+    the wrapped optimizer alone (a DistributedOptimizer's own step would reduce, and a rank
+    that called it alone would wait for the others)."""
+    from .optimizer import _DistributedOptimizer, _LocalOptimizer
+
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                p.grad = p.data.new(p.size()).zero_()
+                if isinstance(optimizer, torch.optim.SparseAdam):
+                    p.grad = p.grad.to_sparse()
+    for mixin in (_DistributedOptimizer, _LocalOptimizer):
+        if isinstance(optimizer, mixin):
+            super(mixin, optimizer).step()
+            return
+    optimizer.step()
 
 
 def broadcast_object(obj, root_rank: int = 0, name=None, process_set=M.global_process_set):

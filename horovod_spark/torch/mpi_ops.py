@@ -60,6 +60,11 @@ class TorchHandle:
     def poll(self) -> bool:
         return self._done or all(h.poll() for h in self._handles)
 
+    def __call__(self):
+        """synchronize(h): Horovod's sparse_allreduce_async hands back a function to call
+        for the result, so every handle here can be called the same way."""
+        return self.wait()
+
     def wait(self):
         if not self._done:
             self._value = self._finish([h.wait() for h in self._handles])
@@ -110,10 +115,39 @@ class _IntPlan:
         return out.copy_(scaled)
 
 
-def _int_plan(tensor, op, pre, post) -> Optional[_IntPlan]:
-    if not _is_integer(tensor) or (op != Average and pre == 1.0 and post == 1.0):
-        return None
-    return _IntPlan(tensor, op, pre, post)
+def _scale_half(tensor: torch.Tensor, factor: float) -> torch.Tensor:
+    """Horovod's CPU half-precision scaling: the product in float32, rounded to the dtype."""
+    return (tensor.float() * float(np.float32(factor))).to(tensor.dtype)
+
+
+class _HalfPlan:
+    """How a CPU float16/bfloat16 tensor reduces with scale factors, as Horovod's CPU ops
+    do: each factor applied in float32 math and rounded back (the engine would scale in
+    the tensor's own precision, with the factor rounded to it), Average as a postscale of
+    1/size."""
+
+    __slots__ = ("input", "op", "average", "post")
+
+    def __init__(self, tensor: torch.Tensor, op: ReduceOp, pre: float, post: float) -> None:
+        self.input = _scale_half(tensor, pre) if pre != 1.0 else tensor
+        self.average = op == Average
+        self.op = Sum if self.average else op
+        self.post = post
+
+    def finish(self, out: torch.Tensor, n: int) -> torch.Tensor:
+        post = self.post / (n if self.average else 1)
+        return out.copy_(_scale_half(out, post)) if post != 1.0 else out
+
+
+def _int_plan(tensor, op, pre, post):
+    """The integer or half-precision plan of a reduction, or None (the engine does it all)."""
+    if _is_integer(tensor):
+        return None if op != Average and pre == 1.0 and post == 1.0 else \
+            _IntPlan(tensor, op, pre, post)
+    if tensor.dtype in (torch.float16, torch.bfloat16) and not tensor.is_cuda and \
+            (pre != 1.0 or post != 1.0) and op in (Sum, Average):
+        return _HalfPlan(tensor, op, pre, post)
+    return None
 
 
 def _reduce_finish(plan: Optional[_IntPlan], inplace: Optional[torch.Tensor], ps=None):

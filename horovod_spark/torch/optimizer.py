@@ -59,6 +59,7 @@ class _DistributedOptimizer:
         self._compression = compression
         self._process_set = process_set
         self._sparse_as_dense = bool(sparse_as_dense)
+        self._densified: set = set()  # sparse gradients reduced dense, sparse again after
         self._sparse_keys: set = set()  # parameters whose gradient goes sparse this step
         self._op = op
         self._predivide = float(gradient_predivide_factor)
@@ -100,6 +101,7 @@ class _DistributedOptimizer:
                     "locally.")
             if self._sparse_as_dense and p.grad is not None and p.grad.is_sparse:
                 p.grad = p.grad.to_dense()
+                self._densified.add(p)
             if bucket is not None:
                 bucket.attach(p)  # later passes then accumulate into the view
             self._delay[p] -= 1
@@ -173,6 +175,9 @@ class _DistributedOptimizer:
             target = key.flat if isinstance(key, Bucket) else key.grad
             if out.data_ptr() != target.data_ptr():
                 target.copy_(out)
+        for p in self._densified:  # as Horovod: the optimizer gets the sparse form back
+            p.grad = p.grad.to_sparse()
+        self._densified.clear()
         for p in self._requires_update:
             self._delay[p] = self.backward_passes_per_step
         for bucket in self._buckets:

@@ -282,6 +282,68 @@ def sync_batch_normalization_matches_batch_normalization_over_every_batch():
     np.testing.assert_allclose(traced.numpy(), y.numpy(), rtol=1e-5, atol=1e-5)
 
 
+@check
+def half_scale_factors_scale_in_float32_as_horovod():
+    """test_horovod_allreduce_cpu_prescale / _postscale: float16 scaled in float32 math and
+    rounded back (integers in float64, truncated, as before)."""
+    tf, hvd, r, n = _setup()
+    factor = 0.1915194503788923  # Horovod's test: np.random.seed(1234); np.random.uniform()
+    for dtype in (tf.float16, tf.bfloat16):
+        for dim in (1, 2, 3):
+            x = tf.cast(tf.random.stateless_uniform([17] * dim, [1234, dim], -100, 100), dtype)
+            f32 = tf.constant(factor, tf.float32)
+            summed = hvd.allreduce(x, op=hvd.Sum, prescale_factor=factor)
+            one = tf.cast(tf.cast(x, tf.float32) * f32, dtype)
+            want = one
+            for _ in range(n - 1):  # n equal values added in the dtype, one rounding an add
+                want = tf.cast(tf.cast(want, tf.float32) + tf.cast(one, tf.float32), dtype)
+            np.testing.assert_array_equal(summed.numpy(), want.numpy(), err_msg=f"pre {dtype}")
+            plain = x
+            for _ in range(n - 1):
+                plain = tf.cast(tf.cast(plain, tf.float32) + tf.cast(x, tf.float32), dtype)
+            post = hvd.allreduce(x, op=hvd.Sum, postscale_factor=factor)
+            want = tf.cast(tf.cast(plain, tf.float32) * f32, dtype)
+            np.testing.assert_array_equal(post.numpy(), want.numpy(), err_msg=f"post {dtype}")
+            grouped = hvd.grouped_allreduce([x, tf.cast(x, tf.float32)], op=hvd.Sum,
+                                            postscale_factor=factor)
+            np.testing.assert_array_equal(grouped[0].numpy(), want.numpy(), err_msg="grouped")
+
+
+@check
+def indexed_slices_refuse_what_horovod_refuses():
+    """test_horovod_allreduce_indexed_slices_op_error (and the grouped twin) and
+    _prescale_postscale_error: NotImplementedError, before anything is submitted."""
+    tf, hvd, r, n = _setup()
+    s = tf.IndexedSlices(tf.ones([1, 3]), tf.convert_to_tensor([r]))
+    for kw in ({"op": hvd.Min}, {"op": hvd.Max}, {"op": hvd.Product}, {"op": hvd.Adasum},
+               {"op": hvd.Sum, "prescale_factor": 0.5}, {"op": hvd.Sum, "postscale_factor": 0.5}):
+        for call in (lambda: hvd.allreduce(s, **kw), lambda: hvd.grouped_allreduce([s], **kw)):
+            try:
+                call()
+            except NotImplementedError:
+                pass
+            else:
+                raise AssertionError(f"allreduce of tf.IndexedSlices with {kw} did not raise")
+    got = hvd.allreduce(s, op=hvd.Sum)  # nothing was left pending: the next op matches
+    assert got.values.shape[0] == n, got
+
+
+@check
+def sync_batch_normalization_takes_horovods_fused_argument():
+    """test_horovod_syncbn_cpu builds SyncBatchNormalization(fused=False); True is refused."""
+    tf, hvd, r, n = _setup()
+    layer = hvd.SyncBatchNormalization(fused=False, momentum=0.5)
+    out = layer(tf.ones([2, 3]), training=True)
+    assert out.shape == (2, 3), out.shape
+    for fused in (True, None):
+        try:
+            hvd.SyncBatchNormalization(fused=fused)
+        except ValueError as exc:
+            assert "fused=True" in str(exc), exc
+        else:
+            raise AssertionError(f"SyncBatchNormalization(fused={fused}) was accepted")
+
+
 def run_all(names=None) -> dict:
     """Run the checks (all, or those named); {name: "ok" or the traceback}."""
     return run_named(CHECKS, names)

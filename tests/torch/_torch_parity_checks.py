@@ -162,26 +162,89 @@ def sparse_gradients_train_an_embedding_with_sparse_adam(hvd):
     want = sum(torch.sparse_coo_tensor(idx(q).unsqueeze(0), torch.full((3, 2), q + 1.0),
                                        (10, 2)).to_dense() for q in range(n))
     assert got.is_sparse and torch.equal(got.to_dense(), want), (got, want)
-    for sparse_as_dense in (False, True):
-        torch.manual_seed(0)
+    for sparse_as_dense in (False, True):  # as Horovod: SparseAdam gets a sparse gradient
+        torch.manual_seed(0)           # back from a dense reduction too
         emb, ref = torch.nn.Embedding(10, 2, sparse=True), torch.nn.Embedding(10, 2, sparse=True)
         ref.load_state_dict(emb.state_dict())
-        base = (torch.optim.SparseAdam if not sparse_as_dense else torch.optim.Adam)
-        opt = hvd.DistributedOptimizer(base(emb.parameters(), lr=0.1),
+        opt = hvd.DistributedOptimizer(torch.optim.SparseAdam(emb.parameters(), lr=0.1),
                                        named_parameters=emb.named_parameters(),
                                        sparse_as_dense=sparse_as_dense)
-        ref_opt = base(ref.parameters(), lr=0.1)
+        ref_opt = torch.optim.SparseAdam(ref.parameters(), lr=0.1)
         for step in range(2):
             opt.zero_grad()
             (emb(idx(r)) * (r + 1)).sum().backward()
             opt.step()
+            assert emb.weight.grad.is_sparse, emb.weight.grad.layout
             ref_opt.zero_grad()  # the same step on the mean of every rank's loss
             sum((ref(idx(q)) * (q + 1)).sum() for q in range(n)).div(n).backward()
-            if sparse_as_dense:
-                ref.weight.grad = ref.weight.grad.to_dense()
             ref_opt.step()
         np.testing.assert_allclose(emb.weight.detach().numpy(), ref.weight.detach().numpy(),
                                    rtol=1e-6, atol=1e-7)
+
+
+def half_scale_factors_scale_in_float32_as_horovod(hvd):
+    """Horovod's CPU float16/bfloat16 scaling: each factor applied in float32 math and the
+    product rounded to the dtype (test_horovod_allreduce_prescale / _postscale)."""
+    n = hvd.size()
+    factor = 0.1915194503788923  # Horovod's test: np.random.seed(1234); np.random.uniform()
+    for dtype in (torch.float16, torch.bfloat16):
+        for dim in (1, 2, 3):
+            torch.manual_seed(1234)
+            x = torch.FloatTensor(*([17] * dim)).random_(-100, 100).to(dtype)  # every rank's
+
+            def summed(t):  # n equal values added in the dtype, one rounding an add
+                acc = t
+                for _ in range(n - 1):
+                    acc = (acc.float() + t.float()).to(dtype)
+                return acc
+            f32 = float(np.float32(factor))
+            pre = hvd.allreduce(x, op=hvd.Sum, prescale_factor=factor)
+            want = summed((x.float() * f32).to(dtype))
+            assert torch.equal(pre, want), (dtype, dim, (pre.float() - want.float()).abs().max())
+            post = hvd.allreduce(x, op=hvd.Sum, postscale_factor=factor)
+            want = (summed(x).float() * f32).to(dtype)
+            assert torch.equal(post, want), (dtype, dim, (post.float() - want.float()).abs().max())
+            y = x.clone()
+            hvd.allreduce_(y, op=hvd.Average, postscale_factor=factor)  # 1/size folded in
+            want = (summed(x).float() * float(np.float32(factor / n))).to(dtype)
+            assert torch.equal(y, want), (dtype, dim, "average")
+
+
+def a_sparse_handle_is_called_for_its_result(hvd):
+    """test_async_sparse_allreduce: Horovod's sparse_allreduce_async returns a function."""
+    torch.manual_seed(7)
+    tensors = [torch.rand(d, 10) for d in (17, 32, 5)]
+    for t in tensors:
+        t[t < 0.8] = 0
+    handles = [hvd.sparse_allreduce_async(t.to_sparse(), op=hvd.Average, name=f"call.{i}")
+               for i, t in enumerate(tensors)]
+    for t, handle in zip(tensors, handles):
+        got = handle()
+        assert got.is_sparse and torch.allclose(got.to_dense(), t, rtol=1e-6), got  # every rank's t
+
+
+def a_new_optimizers_state_is_made_as_horovod_makes_it(hvd):
+    """test_broadcast_state_no_grad: zero gradients for the parameters that take one, one
+    step of the wrapped optimizer, and no gradient for one that takes none."""
+    class NoGrad(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Parameter(torch.tensor([1, 3], dtype=torch.int32),
+                                        requires_grad=False)
+            self.b = torch.nn.Parameter(torch.arange(4.0) + hvd.rank())
+
+    model = NoGrad()
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.001, weight_decay=1e-6, momentum=0.9,
+                        nesterov=True), named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    grad = opt.param_groups[0]["params"][1].grad
+    assert opt.param_groups[0]["params"][0].grad is None
+    assert grad is not None and torch.equal(hvd.broadcast(grad, root_rank=0), grad)
+    assert torch.equal(grad, torch.zeros(4))
+    momentum = opt.state[model.b]["momentum_buffer"]  # made by the one step, then broadcast
+    assert torch.allclose(momentum, torch.arange(4.0) * 1e-6, rtol=1e-6, atol=0), momentum
 
 
 def optimizer_state_with_non_tensor_entries_broadcasts(hvd):
@@ -235,6 +298,9 @@ CHECKS = [integer_average_truncates_toward_zero, integer_scale_factors_scale_as_
           errors_are_the_types_horovod_scripts_catch,
           sync_batch_norm_matches_batch_norm_over_every_ranks_batch,
           sparse_gradients_train_an_embedding_with_sparse_adam,
+          half_scale_factors_scale_in_float32_as_horovod,
+          a_sparse_handle_is_called_for_its_result,
+          a_new_optimizers_state_is_made_as_horovod_makes_it,
           optimizer_state_with_non_tensor_entries_broadcasts,
           join_with_allreduces_pending_elsewhere_contributes_zeros,
           allgather_and_broadcast_after_a_join_raise_on_the_running_ranks]
