@@ -60,8 +60,12 @@ def hold(outdir, held=(0,), seconds=120.0, descendants=False):
 def return_a_class_only_the_rank_has(moddir):
     """A value whose class lives in a module the launching process cannot import."""
     os.makedirs(moddir, exist_ok=True)
-    with open(os.path.join(moddir, "hvs_rank_only_module.py"), "w") as f:
+    # every rank writes it, at once: atomically, so no rank imports another's half-written
+    # (truncated) file and fails with an AttributeError of its own
+    part = os.path.join(moddir, f"hvs_rank_only_module.py.{os.getpid()}")
+    with open(part, "w") as f:
         f.write("class OnlyHere:\n    pass\n")
+    os.replace(part, os.path.join(moddir, "hvs_rank_only_module.py"))
     sys.path.insert(0, moddir)
     import hvs_rank_only_module
 
