@@ -67,6 +67,7 @@ def allreduce(tensor: torch.Tensor, name: Optional[str], op, pre: float, post: f
     this path does not apply (nothing was done: the caller's path runs)."""
     if (name is None or pre != 1.0 or op not in _OPS or tensor.dtype not in _DTYPES
             or tensor.device.type != "cpu" or not tensor.is_contiguous()
+            or (tensor.dtype == torch.float16 and post != 1.0)  # scaled in float32 (mpi_ops)
             or _state.view(process_set, "allreduce") is not None):  # the global set only
         return None
     n = tensor.numel()
