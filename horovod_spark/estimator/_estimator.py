@@ -8,6 +8,8 @@ Model.  A framework subclass provides ``_required``, ``_user_objects``,
 """
 from __future__ import annotations
 
+import cloudpickle
+
 import dataclasses
 import time
 import uuid
@@ -108,8 +110,10 @@ class DistributedEstimator(Estimator, EstimatorParams):
         for key in ("best_epoch", "stopped_epoch"):
             if result.get(key) is not None:
                 history[key] = [result[key]]
+        decode = values.get("decode_fn")
         fitted = self._model_class(
             model_bytes=result["model"], history=history, output_shapes=output_shapes,
+            decode_bytes=cloudpickle.dumps(decode) if decode is not None else None,
             feature_cols=values["feature_cols"], label_cols=values["label_cols"],
             run_id=run_id, input_shapes=values["input_shapes"])
         if _mlflow.wanted(values["mlflow"]):

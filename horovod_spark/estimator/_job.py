@@ -80,19 +80,38 @@ class RankData:
         self.val_steps = spec.val_steps
         self.val = Shard(os.path.join(directory, "val.arrow"), names) \
             if spec.has_validation else None
+        self.rank, self.seed = rank, spec.seed
+        self.decode, self.decode_workers = None, 0
+
+    def decoding(self, fn, workers: Optional[int], local_size: int) -> None:
+        """Batches go through decode_fn `fn` in `workers` threads (None: the default for
+        this rank's share of the host's cores); see ``_decode``."""
+        from horovod_spark.estimator._decode import default_workers
+
+        self.decode = fn
+        self.decode_workers = 0 if fn is None else \
+            (default_workers(local_size) if workers is None else workers)
 
     def epoch(self, epoch: int):
-        return self.stream.epoch(epoch, self.steps)
+        from horovod_spark.estimator._decode import decoded
+
+        return decoded(self.stream.epoch(epoch, self.steps), self.decode, self.decode_workers,
+                       f"epoch {epoch} of partition {self.rank} (rank {self.rank})",
+                       (self.seed, self.rank, 0, epoch))
 
     def validation(self):
         """This rank's validation batches (at most val_steps of them)."""
         import itertools
 
+        from horovod_spark.estimator._decode import decoded
         from horovod_spark.estimator._reader import sequential_batches
 
         if self.val is None:
             return iter(())
-        return itertools.islice(sequential_batches(self.val, self.val_batch_size), self.val_steps)
+        rows = itertools.islice(sequential_batches(self.val, self.val_batch_size), self.val_steps)
+        return decoded(rows, self.decode, self.decode_workers,
+                       f"the validation rows of partition {self.rank} (rank {self.rank})",
+                       (self.seed, self.rank, 1))
 
     def close(self) -> None:
         self.train.close()

@@ -6,7 +6,10 @@ Terms:
   record batches, whose columns are numpy views of the mapping (no copy), so a
   shard larger than memory trains: the OS pages blocks in and out;
 - the rank's *stream* is an endless run of *passes* over its shard, pass ``p``
-  in its own order; epoch ``e`` takes the ``steps * batch_size`` rows after the
+  in its own order; a column of bytes or text (images, documents: see ``data.py``)
+  stays an Arrow array until its batch is cut, then becomes a numpy array of
+  ``bytes`` / ``str`` objects, so only a batch's rows ever become Python objects;
+  epoch ``e`` takes the ``steps * batch_size`` rows after the
   first ``e * steps * batch_size`` of the stream.  Every rank runs the same
   ``steps`` (``steps_per_epoch``: the global rows over the global batch, rounded
   up), so a rank with fewer rows wraps into its next pass and a rank with more
@@ -23,7 +26,7 @@ from typing import Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["Shard", "BatchStream", "steps_per_epoch", "sequential_batches"]
+__all__ = ["Shard", "BatchStream", "steps_per_epoch", "sequential_batches", "as_numpy"]
 
 WINDOW_BYTES = 256 << 20
 
@@ -48,23 +51,61 @@ class Shard:
         self.block_rows = np.array([len(b[self.names[0]]) for b in self.blocks] or [0],
                                    dtype=np.int64)[: len(self.blocks)]
         self.rows = int(self.block_rows.sum())
-        self.row_bytes = sum(v.itemsize * int(np.prod(v.shape[1:]))
-                             for v in self.blocks[0].values()) if self.blocks else 0
+        self.row_bytes = sum(_row_bytes(v) for v in self.blocks[0].values()) \
+            if self.blocks else 0
 
     def gather(self, block_ids: Sequence[int]) -> Batch:
         """The rows of these blocks, copied into one array per column."""
         if len(block_ids) == 1:
             return self.blocks[block_ids[0]]
-        return {n: np.concatenate([self.blocks[i][n] for i in block_ids]) for n in self.names}
+        return {n: _concat([self.blocks[i][n] for i in block_ids]) for n in self.names}
 
     def close(self) -> None:
         self.blocks = []
         self._source.close()
 
 
-def _view(array) -> np.ndarray:
+def _is_objects(array) -> bool:
+    """A column of bytes or text, kept as an Arrow array until its batch is cut."""
+    return not isinstance(array, np.ndarray)
+
+
+def _row_bytes(v) -> float:
+    if _is_objects(v):
+        return v.nbytes / max(1, len(v))
+    return v.itemsize * int(np.prod(v.shape[1:]))
+
+
+def _concat(parts: list):
+    if _is_objects(parts[0]):
+        import pyarrow as pa
+
+        return pa.concat_arrays(parts)
+    return np.concatenate(parts)
+
+
+def _pick(v, rows: np.ndarray):
+    if _is_objects(v):
+        import pyarrow as pa
+
+        return v.take(pa.array(rows))
+    return v[rows]
+
+
+def as_numpy(batch: Batch) -> Batch:
+    """The batch with its columns of bytes or text as numpy arrays of objects."""
+    if not any(_is_objects(v) for v in batch.values()):
+        return batch
+    return {n: v.to_numpy(zero_copy_only=False) if _is_objects(v) else v
+            for n, v in batch.items()}
+
+
+def _view(array):
     import pyarrow as pa
 
+    if pa.types.is_binary(array.type) or pa.types.is_string(array.type) or \
+            pa.types.is_large_binary(array.type) or pa.types.is_large_string(array.type):
+        return array
     if pa.types.is_fixed_size_list(array.type):
         width = array.type.list_size
         return array.flatten().to_numpy(zero_copy_only=True).reshape(len(array), width)
@@ -101,7 +142,7 @@ class BatchStream:
                 pending.append(piece)
                 have += len(piece[self.shard.names[0]])
             batch, pending, have = _take(pending, self.batch_size, self.shard.names)
-            yield batch
+            yield as_numpy(batch)
 
     def _windows(self, pass_index: int) -> List[List[int]]:
         nblocks = len(self.shard.blocks)
@@ -139,14 +180,14 @@ class BatchStream:
             return
         order = np.random.default_rng([self.seed, self.rank, *key]).permutation(rows)[offset:]
         for i in range(0, len(order), b):
-            yield {n: v[order[i:i + b]] for n, v in data.items()}
+            yield {n: _pick(v, order[i:i + b]) for n, v in data.items()}
 
 
 def _take(pending: List[Batch], size: int, names: Sequence[str]):
     """The first ``size`` rows of the pieces; the rest stays pending."""
     if len(pending) == 1 and len(pending[0][names[0]]) == size:
         return pending[0], [], 0
-    merged = {n: np.concatenate([p[n] for p in pending]) for n in names}
+    merged = {n: _concat([p[n] for p in pending]) for n in names}
     total = len(merged[names[0]])
     batch = {n: v[:size] for n, v in merged.items()}
     if total == size:
@@ -159,4 +200,4 @@ def sequential_batches(shard: Shard, batch_size: int) -> Iterator[Batch]:
     for block in shard.blocks:
         rows = len(block[shard.names[0]])
         for i in range(0, rows, batch_size):
-            yield {n: v[i:i + batch_size] for n, v in block.items()}
+            yield as_numpy({n: v[i:i + batch_size] for n, v in block.items()})

@@ -20,7 +20,7 @@ from typing import Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from horovod_spark.estimator.data import VALIDATION, ColumnSpec, arrow_to_numpy
+from horovod_spark.estimator.data import OBJECT_KINDS, VALIDATION, ColumnSpec, arrow_to_numpy
 
 __all__ = ["Census", "spill_partition", "local_dir", "feature_widths", "first_problem"]
 
@@ -76,6 +76,18 @@ def _convert(batch, specs: Sequence[ColumnSpec], census: Census):
     arrays, names, mask = [], [], None
     for spec in specs:
         if spec.name in names:
+            continue
+        if spec.kind in OBJECT_KINDS:  # bytes or text: stored as they came, decoded on the rank
+            column = batch.column(spec.name)
+            if column.null_count:
+                row = census.train_rows + census.val_rows + \
+                    int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))
+                raise ValueError(f"{spec.role} column '{spec.name}' has a null (first in row "
+                                 f"{row} of partition {census.partition}); drop or fill those "
+                                 f"rows (df.na.drop(subset=['{spec.name}']))")
+            census.widths.setdefault(spec.name, 0)
+            arrays.append(column)
+            names.append(spec.name)
             continue
         values = arrow_to_numpy(batch.column(spec.name), spec.dtype, spec.name)
         if values.dtype.kind == "f" and values.size and np.isnan(values.min()):
@@ -160,6 +172,10 @@ def _empty_schema(specs: Sequence[ColumnSpec]):
     fields: List = []
     for spec in specs:
         if spec.role == VALIDATION or spec.name in [f.name for f in fields]:
+            continue
+        if spec.kind in OBJECT_KINDS:
+            fields.append(pa.field(spec.name, pa.binary() if spec.kind == "binary"
+                                   else pa.string()))
             continue
         scalar = pa.from_numpy_dtype(np.dtype(spec.dtype))
         fields.append(pa.field(spec.name, scalar if spec.kind == "scalar"

@@ -160,7 +160,9 @@ def dry_run(model: Any, loss_fns: Sequence[Callable], feature_cols: Sequence[str
     """
     import torch
 
-    features = [sample[c] for c in feature_cols]
+    from horovod_spark.estimator.data import numeric
+
+    features = [numeric(sample[c], c) for c in feature_cols]
     was_training = model.training
     model.eval()
     try:

@@ -36,6 +36,7 @@ import numpy as np
 
 from horovod_spark.estimator import _torch_io as tio
 from horovod_spark.estimator._census import agree
+from horovod_spark.estimator.data import numeric
 from horovod_spark.estimator._events import EventLog
 from horovod_spark.estimator._torch_step import Gradients, HookOptimizer, Sums
 from horovod_spark.estimator.trainer import Watch, default_monitor
@@ -109,6 +110,8 @@ class _Setup:
         self.loss_weights = user.get("loss_weights")
         self.metrics = tio.metric_fns(user.get("metrics"))
         self.transform: Optional[Callable] = user.get("transformation_fn")
+        self.decode: Optional[Callable] = user.get("decode_fn")
+        self.decode_workers: Optional[int] = user.get("decode_workers")
         self.callbacks = list(user.get("callbacks") or [])
         self.train_hook = user.get("train_minibatch_fn")
         self.val_hook = user.get("val_minibatch_fn")
@@ -133,6 +136,7 @@ class _Setup:
 
 def _fit(hvd, spec: TrainSpec, data: RankData, entered: float) -> Optional[Dict[str, Any]]:
     s = _Setup(spec)
+    data.decoding(s.decode, s.decode_workers, hvd.local_size())
     rank = hvd.rank()
     start, history = _resume(hvd, spec, s, rank)
     hvd.broadcast_parameters(s.model.state_dict(), root_rank=0)
@@ -207,7 +211,7 @@ def _inputs(spec: TrainSpec, s: _Setup, batch: Dict[str, np.ndarray]):
     """(inputs, raw labels, sample weights, rows) of a batch, on the model's device."""
     if s.transform is not None:
         batch = s.transform(dict(batch))
-    inputs = tio.to_inputs([batch[c] for c in spec.feature_cols], s.put)
+    inputs = tio.to_inputs([numeric(batch[c], c) for c in spec.feature_cols], s.put)
     labels = [tio.label_tensor(batch[c], s.put) for c in spec.label_cols]
     weights = None
     if spec.weight_col:

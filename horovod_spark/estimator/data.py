@@ -3,9 +3,11 @@
 Terms used here and in ``_spill.py`` / ``_reader.py``:
 
 - a *column spec* says what one used column is: its role (feature, label, weight,
-  validation), its *kind* (scalar; vector, an ``pyspark.ml.linalg`` Vector; array,
-  a Spark ``array<number>``) and the numpy dtype it trains as (features float32;
-  integer labels int64, so they can be class indices; other labels float32);
+  validation), its *kind* (scalar; vector, an ``pyspark.ml.linalg`` Vector, dense or
+  sparse; array, a Spark ``array<number>``; binary or string, a feature of bytes or text
+  that a ``decode_fn`` turns into numbers on the ranks) and the numpy dtype it trains as
+  (features float32; integer labels int64, so they can be class indices; other labels
+  float32; binary and string: object, a numpy array of ``bytes`` / ``str``);
 - the *prepared* DataFrame has exactly the used columns, already in that dtype,
   vectors turned into arrays on the JVM (``vector_to_array``), so every rank gets
   plain Arrow: scalars, or lists of one fixed width;
@@ -36,10 +38,12 @@ from typing import Dict, Iterator, List, Optional, Sequence
 import numpy as np
 
 __all__ = ["ColumnSpec", "column_specs", "prepare", "prepare_exprs", "arrow_to_numpy",
-           "batch_from_table", "TRANSFER_CONF", "transfer_conf"]
+           "batch_from_table", "TRANSFER_CONF", "transfer_conf", "OBJECT_KINDS", "numeric"]
 
 FEATURE, LABEL, WEIGHT, VALIDATION = "feature", "label", "weight", "validation"
 _TAKES = "numeric scalars, booleans, ml Vectors and arrays of numbers"
+#: the kinds whose rows are bytes or text, decoded on the ranks (decode_fn)
+OBJECT_KINDS = ("binary", "string")
 
 
 @dataclass(frozen=True)
@@ -63,16 +67,52 @@ def _kind_of(data_type) -> Optional[str]:
     if isinstance(data_type, T.ArrayType) and isinstance(
             data_type.elementType, (T.NumericType, T.BooleanType)):
         return "array"
+    if isinstance(data_type, T.BinaryType):
+        return "binary"
+    if isinstance(data_type, T.StringType):
+        return "string"
     return None
 
 
-def _dtype_for(role: str, data_type, kind: str) -> str:
+def _refusal(name: str, role: str, data_type, kind: Optional[str]) -> Optional[str]:
+    """Why column `name` can't have `role`, with what to change; None when it can."""
+    from pyspark.sql import types as T
+
+    simple = data_type.simpleString()
+    if role in (WEIGHT, VALIDATION):
+        return None if kind == "scalar" else (
+            f"{role} column '{name}' has type {simple}; the estimator takes a numeric or "
+            f"boolean scalar")
+    if kind in OBJECT_KINDS and role == LABEL:
+        return (f"label column '{name}' has type {simple}; labels are numbers: index text "
+                f"labels with pyspark.ml.feature.StringIndexer")
+    if kind is not None:
+        return None
+    if isinstance(data_type, T.StructType):
+        return (f"{role} column '{name}' is a struct ({simple}); select its fields as columns "
+                f"(df.select('{name}.*')) and list those")
+    if isinstance(data_type, (T.ArrayType, T.MapType)):
+        return (f"{role} column '{name}' has type {simple}; the estimator takes arrays of "
+                f"numbers (a nested array: flatten it with pyspark.sql.functions.flatten)")
+    return (f"{role} column '{name}' has type {simple}; the estimator takes {_TAKES}, and "
+            f"binary or string features with a decode_fn")
+
+
+def _nominal(metadata) -> bool:
+    """Spark ML's attribute says the column holds class indices (StringIndexer's output)."""
+    attr = (metadata or {}).get("ml_attr") or {}
+    return attr.get("type") in ("nominal", "binary")
+
+
+def _dtype_for(role: str, data_type, kind: str, nominal: bool = False) -> str:
     from pyspark.sql import types as T
 
     if role == VALIDATION:
         return "bool"
-    if role == LABEL and kind == "scalar" and isinstance(data_type, T.IntegralType):
-        return "int64"
+    if kind in OBJECT_KINDS:
+        return "object"
+    if role == LABEL and kind == "scalar" and (isinstance(data_type, T.IntegralType) or nominal):
+        return "int64"  # class indices (a StringIndexer's doubles too)
     return "float32"
 
 
@@ -86,6 +126,7 @@ def column_specs(schema, feature_cols: Sequence[str], label_cols: Sequence[str],
     if validation_col:
         wanted.append((validation_col, VALIDATION))
     fields = {f.name: f.dataType for f in schema.fields}
+    metadata = {f.name: f.metadata for f in schema.fields}
     missing = [c for c, _ in wanted if c not in fields]
     if missing:
         raise ValueError(
@@ -94,11 +135,11 @@ def column_specs(schema, feature_cols: Sequence[str], label_cols: Sequence[str],
     for name, role in wanted:
         data_type = fields[name]
         kind = _kind_of(data_type)
-        if kind is None or (role in (WEIGHT, VALIDATION) and kind != "scalar"):
-            takes = "a numeric or boolean scalar" if role in (WEIGHT, VALIDATION) else _TAKES
-            raise TypeError(f"{role} column '{name}' has type {data_type.simpleString()}; "
-                            f"the estimator takes {takes}")
-        specs.append(ColumnSpec(name, role, kind, _dtype_for(role, data_type, kind),
+        refusal = _refusal(name, role, data_type, kind)
+        if refusal is not None:
+            raise TypeError(refusal)
+        specs.append(ColumnSpec(name, role, kind,
+                                _dtype_for(role, data_type, kind, _nominal(metadata[name])),
                                 data_type.simpleString()))
     return specs
 
@@ -115,7 +156,9 @@ def prepare_exprs(specs: Sequence[ColumnSpec], dedupe: bool = True) -> list:
         if dedupe and spec.name in seen:
             continue
         seen.add(spec.name)
-        if spec.kind == "vector":
+        if spec.kind in OBJECT_KINDS:
+            col = F.col(spec.name)
+        elif spec.kind == "vector":
             col = vector_to_array(F.col(spec.name), "float32")
         elif spec.kind == "array":
             col = F.col(spec.name).cast(f"array<{spark_scalar[spec.dtype]}>")
@@ -162,6 +205,8 @@ def arrow_to_numpy(array, dtype: str, name: str) -> np.ndarray:
         array = array.combine_chunks()
     if array.null_count:
         raise ValueError(f"column '{name}' has {array.null_count} null value(s)")
+    if dtype == "object":  # bytes or text, for decode_fn
+        return array.to_numpy(zero_copy_only=False)
     if pa.types.is_fixed_size_list(array.type):
         width = array.type.list_size
         values = array.flatten()
@@ -183,6 +228,20 @@ def _values(array, dtype: str, name: str) -> np.ndarray:
         raise ValueError(f"column '{name}' has {array.null_count} null element(s)")
     out = array.to_numpy(zero_copy_only=False)
     return out if out.dtype == np.dtype(dtype) else out.astype(dtype)
+
+
+def numeric(array: np.ndarray, name: str) -> np.ndarray:
+    """`array` when it holds numbers; TypeError naming the column when it still holds
+    bytes or text (a binary or string column that no decode_fn turned into numbers)."""
+    if array.dtype == object:
+        first = array[0] if len(array) else None
+        what = "bytes" if isinstance(first, (bytes, bytearray)) else \
+            "text" if isinstance(first, str) else f"{type(first).__name__} objects"
+        raise TypeError(f"feature column '{name}' holds {what}, which the model can't take: "
+                        f"pass decode_fn=fn, where fn(batch) returns the batch with "
+                        f"batch['{name}'] as numbers (e.g. PNG bytes to pixels with "
+                        f"PIL.Image.open(io.BytesIO(b)), text to token ids)")
+    return array
 
 
 def batch_from_table(table, specs: Sequence[ColumnSpec]) -> Dict[str, np.ndarray]:

@@ -58,6 +58,11 @@ class KerasEstimator(DistributedEstimator):
 
     def _dry_run(self, values: Dict[str, Any], sample: Dict[str, Any]) -> List[List[int]]:
         _check_keras_objects(values)
+        for name in values["feature_cols"]:
+            if sample[name].dtype == object:
+                raise TypeError(f"feature column '{name}' holds bytes or text: KerasEstimator "
+                                f"trains on numbers only (no decode_fn yet); decode the column "
+                                f"on Spark first, or train with TorchEstimator(decode_fn=...)")
         if values["transformation_fn"] is not None:
             sample = values["transformation_fn"](dict(sample))
         return _keras_io.dry_run(values["model"], values["loss"], values["feature_cols"],

@@ -43,10 +43,12 @@ class EstimatorModel(Model, ModelParams, MLWritable, MLReadable):
 
     def __init__(self, model_bytes: Optional[bytes] = None,
                  history: Optional[Dict[str, List[float]]] = None,
-                 output_shapes: Optional[List[List[int]]] = None, **kwargs: Any):
+                 output_shapes: Optional[List[List[int]]] = None,
+                 decode_bytes: Optional[bytes] = None, **kwargs: Any):
         super().__init__()
         self._init_params(kwargs)
         self._model_bytes = model_bytes
+        self._decode_bytes = decode_bytes  # the fit's decode_fn, cloudpickled
         self._history = history or {}
         self._output_shapes = output_shapes
         self._broadcast = None
@@ -93,7 +95,7 @@ class EstimatorModel(Model, ModelParams, MLWritable, MLReadable):
                                 else T.DoubleType(), False) for n, s in zip(out_cols, shapes)]
         fn = _partition_predictor(self._model_broadcast(spark), self._predictor_factory(),
                                   [(s.name, s.dtype) for s in specs], shapes, out_cols,
-                                  self.getOrDefault("batch_size"))
+                                  self.getOrDefault("batch_size"), self._decode_bytes)
         with warnings.catch_warnings():  # "prefer type hints": the arity varies per model
             warnings.simplefilter("ignore", UserWarning)
             try:
@@ -138,7 +140,8 @@ class EstimatorModel(Model, ModelParams, MLWritable, MLReadable):
         if table.num_rows == 0:
             raise ValueError("cannot find the model's output shape from an empty DataFrame")
         predict = self._predictor_factory()(self._model_bytes)
-        outs = predict([arrow_to_numpy(table.column(s.name), s.dtype, s.name) for s in specs])
+        outs = predict(_features(_decoder(self._decode_bytes), [
+            (s.name, arrow_to_numpy(table.column(s.name), s.dtype, s.name)) for s in specs]))
         self._output_shapes = [list(o.shape[1:]) for o in outs]
         return self._output_shapes
 
@@ -162,16 +165,49 @@ class _Inline:
         self.value = value
 
 
-def _partition_predictor(broadcast, make_predictor, columns, shapes, out_cols, batch_size):
-    """The UDF body: one model load per partition, then slices of ``batch_size`` rows."""
+def _decoder(decode_bytes: Optional[bytes]):
+    if not decode_bytes:
+        return None
+    import cloudpickle
+
+    return cloudpickle.loads(decode_bytes)
+
+
+def _features(decode, named: List[tuple]) -> List[np.ndarray]:
+    """The feature arrays in order, through the fit's decode_fn when it had one."""
+    from horovod_spark.estimator._decode import apply_decode
+    from horovod_spark.estimator.data import numeric
+
+    if decode is None:
+        return [numeric(v, n) for n, v in named]
+    batch = apply_decode(decode, dict(named), "a prediction batch")
+    return [numeric(batch[n], n) for n, _ in named]
+
+
+def _partition_predictor(broadcast, make_predictor, columns, shapes, out_cols, batch_size,
+                         decode_bytes: Optional[bytes] = None):
+    """The UDF body: one model load per partition, then slices of ``batch_size`` rows (each
+    through the fit's decode_fn first, when it had one)."""
 
     def predict_partition(batches):
         import pyarrow as pa
 
         predict = make_predictor(broadcast.value)
+        decode = _decoder(decode_bytes)
         for arrays in batches:
             arrays = arrays if isinstance(arrays, tuple) else (arrays,)
             features = [arrow_to_numpy(a, dtype, name) for a, (name, dtype) in zip(arrays, columns)]
+            if decode is not None or any(f.dtype == object for f in features):
+                n = len(features[0])
+                parts = [predict(_features(decode, [(name, f[i:i + batch_size])
+                                                    for (name, _), f in zip(columns, features)]))
+                         for i in range(0, n, batch_size)] or \
+                    [[np.zeros((0,) + tuple(s)) for s in shapes]]
+                outs = [np.concatenate([p[k] for p in parts]) for k in range(len(shapes))]
+                yield pa.StructArray.from_arrays(
+                    [_to_arrow(o, s, name) for o, s, name in zip(outs, shapes, out_cols)],
+                    names=list(out_cols))
+                continue
             n = len(features[0])
             parts = [predict([f[i:i + batch_size] for f in features])
                      for i in range(0, n, batch_size)] or [[np.zeros((0,) + tuple(s))
@@ -267,14 +303,16 @@ class _ModelWriter(MLWriter):
         from horovod_spark.estimator.store import Store
 
         store = Store.create(path)
-        for name in (("metadata", "part-00000"), ("metadata", "_SUCCESS"), ("model.bin",)):
+        for name in (("metadata", "part-00000"), ("metadata", "_SUCCESS"), ("model.bin",),
+                     ("decode.bin",)):
             store.remove(store.join(*name))
 
     def saveImpl(self, path: str) -> None:
         from horovod_spark.estimator.store import Store
 
         inst = self.instance
-        extra = {"history": inst._history, "output_shapes": inst._output_shapes}
+        extra = {"history": inst._history, "output_shapes": inst._output_shapes,
+                 "has_decode_fn": bool(inst._decode_bytes)}
         io = _metadata_io(self)
         if io is None:
             _StoreMetadata.save(inst, path, self.sparkSession, extra)
@@ -282,6 +320,8 @@ class _ModelWriter(MLWriter):
             DefaultParamsWriter.saveMetadata(inst, path, io, extraMetadata=extra)
         store = Store.create(path)
         store.write_bytes(store.join("model.bin"), inst._model_bytes or b"")
+        if inst._decode_bytes:  # the fit's decode_fn, cloudpickled: load() needs its modules
+            store.write_bytes(store.join("decode.bin"), inst._decode_bytes)
 
 
 class _ModelReader(MLReader):
@@ -302,5 +342,7 @@ class _ModelReader(MLReader):
         instance._model_bytes = store.read_bytes(store.join("model.bin")) or None
         instance._history = metadata.get("history") or {}
         instance._output_shapes = metadata.get("output_shapes")
+        if metadata.get("has_decode_fn"):
+            instance._decode_bytes = store.read_bytes(store.join("decode.bin"))
         return instance
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Dict, List
 
 from horovod_spark.estimator import _torch_io, _train_torch
+from horovod_spark.estimator._decode import apply_decode
 from horovod_spark.estimator._estimator import DistributedEstimator
 from horovod_spark.estimator.model import EstimatorModel
 from horovod_spark.estimator.params import (_callable_or_none, _declare, _to_list,
@@ -27,6 +28,14 @@ from horovod_spark.estimator.params import (_callable_or_none, _declare, _to_lis
 def _interval(value: Any) -> str:
     if value not in ("epoch", "step"):
         raise ValueError(f"lr_scheduler_interval must be 'epoch' or 'step', got {value!r}")
+    return value
+
+
+def _to_optional_nonnegative_int(value: Any):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"decode_workers must be None or an integer >= 0, got {value!r}")
     return value
 
 __all__ = ["TorchEstimator", "TorchModel"]
@@ -70,6 +79,7 @@ class TorchEstimator(DistributedEstimator):
         if len(losses) != len(labels):
             raise ValueError(f"{len(losses)} losses for {len(labels)} label columns {labels}; "
                              f"give one loss, or one per label column")
+        sample = apply_decode(values["decode_fn"], sample, "the driver's sample rows")
         if values["transformation_fn"] is not None:
             sample = values["transformation_fn"](dict(sample))
         return _torch_io.dry_run(values["model"], losses, values["feature_cols"], labels,
@@ -91,11 +101,21 @@ _declare(TorchEstimator, {
                          "gradients", _callable_or_none("val_minibatch_fn"), None),
     "loss_constructors": ("Horovod's: functions called with no arguments on each rank that "
                           "return the losses (in place of loss)", _to_list, None),
+    "decode_fn": ("callable(batch: dict[str, numpy.ndarray]) -> dict, or (batch, rng) -> dict: "
+                  "turns binary and string feature columns (numpy arrays of bytes / str) into "
+                  "numbers; runs on the ranks in decode_workers threads ahead of training, "
+                  "in validation, in the driver's checks and in Model.transform (rng: a numpy "
+                  "Generator seeded per batch, for reproducible augmentation)",
+                  _callable_or_none("decode_fn"), None),
+    "decode_workers": ("threads that run decode_fn on each rank, ahead of the training step; "
+                       "default: the rank's share of its host's cores (1-4); 0: on the "
+                       "training thread", _to_optional_nonnegative_int, None),
 })
 document_constructor(TorchEstimator)  # again: the signature lists its own params too
 
 # what travels to the ranks, cloudpickled together
-_USER = ("model", "optimizer", "loss", "metrics", "transformation_fn", "callbacks",
+_USER = ("model", "optimizer", "loss", "metrics", "transformation_fn", "decode_fn",
+         "decode_workers", "callbacks",
          "loss_constructors", "loss_weights", "gradient_compression", "lr_scheduler",
          "lr_scheduler_interval", "train_minibatch_fn", "val_minibatch_fn")
 

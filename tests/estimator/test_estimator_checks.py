@@ -42,10 +42,17 @@ def test_a_missing_label_column_is_named(df, tmp_path):
         _fit(df, tmp_path, label_cols=["target"])
 
 
-def test_a_string_feature_column_is_refused_with_its_type(df, tmp_path):
-    with pytest.raises(TypeError, match="feature column 'name' has type string; the estimator "
-                                        "takes numeric scalars, booleans, ml Vectors and arrays"):
+def test_a_string_feature_column_without_a_decode_fn_is_refused_saying_what_to_pass(df,
+                                                                                   tmp_path):
+    with pytest.raises(TypeError, match="feature column 'name' holds text, which the model "
+                                        "can't take: pass decode_fn=fn"):
         _fit(df, tmp_path, feature_cols=["name"])
+
+
+def test_a_string_label_column_is_refused_naming_string_indexer(df, tmp_path):
+    with pytest.raises(TypeError, match="label column 'name' has type string; labels are "
+                                        "numbers: index text labels with .*StringIndexer"):
+        _fit(df, tmp_path, label_cols=["name"])
 
 
 def test_features_the_model_cannot_take_are_named_with_their_shape(df, tmp_path):

@@ -151,3 +151,81 @@ def test_the_transfer_conf_hands_the_same_batches_and_restores_the_session(spark
     with transfer_conf(spark):
         pass
     assert spark.conf.get(key, None) is None  # unset before, unset after
+
+
+# -- bytes and text, and decode_fn ----------------------------------------------------------
+OBJ_SPECS = (ColumnSpec("blob", "feature", "binary", "object", "binary"),
+             ColumnSpec("y", "label", "scalar", "int64", "bigint"))
+
+
+def _blob_batches(n, chunk=50):
+    for i in range(0, n, chunk):
+        rows = np.arange(i, min(i + chunk, n))
+        yield pa.RecordBatch.from_arrays(
+            [pa.array([b"row%d" % r * (r % 5 + 1) for r in rows], pa.binary()), pa.array(rows)],
+            names=["blob", "y"])
+
+
+def test_bytes_stay_arrow_until_their_batch_is_cut_and_pair_with_their_labels(tmp_path):
+    census = spill_partition(_blob_batches(301), OBJ_SPECS, 0, directory=str(tmp_path))
+    assert census.problem is None and census.train_rows == 301
+    shard = Shard(os.path.join(str(tmp_path), "train.arrow"), ["blob", "y"])
+    assert isinstance(shard.blocks[0]["blob"], pa.Array)  # no Python objects per row yet
+    stream = BatchStream(shard, 16, shuffle=True, seed=1, window_bytes=2000)
+    seen = []
+    for b in stream.epoch(0, steps_per_epoch([301], 16)):
+        assert b["blob"].dtype == object and len(b["blob"]) == 16
+        assert [bytes(v) for v in b["blob"]] == [b"row%d" % r * (r % 5 + 1) for r in b["y"]]
+        seen += b["y"].tolist()
+    assert sorted(seen[:301]) == list(range(301))
+    rows = [b for b in sequential_batches(shard, 64)]
+    assert [bytes(v) for v in rows[-1]["blob"]][-1] == b"row300" * 1
+
+
+def test_a_null_in_a_bytes_column_is_named_with_its_row_and_partition(tmp_path):
+    batch = pa.RecordBatch.from_arrays([pa.array([b"a", None, b"c"], pa.binary()),
+                                        pa.array([0, 1, 2])], names=["blob", "y"])
+    census = spill_partition([batch], OBJ_SPECS, 3, directory=str(tmp_path))
+    assert census.problem == ("feature column 'blob' has a null (first in row 1 of partition "
+                              "3); drop or fill those rows (df.na.drop(subset=['blob']))")
+
+
+def _slow_square(batch, rng):
+    import time
+
+    time.sleep(float(rng.random()) * 0.01)  # threads finish out of order
+    return {"x": batch["x"] ** 2, "noise": rng.random(2)}
+
+
+def test_decode_threads_give_the_streams_order_and_the_same_random_draws_every_run():
+    from horovod_spark.estimator._decode import decoded
+
+    def run(workers):
+        batches = ({"x": np.full(3, i)} for i in range(40))
+        return list(decoded(batches, _slow_square, workers, "test", (7, 1, 0)))
+
+    threaded, alone = run(3), run(0)
+    assert [int(b["x"][0]) for b in threaded] == [i * i for i in range(40)]
+    for a, b in zip(threaded, alone):
+        np.testing.assert_array_equal(a["noise"], b["noise"])
+    assert not np.array_equal(threaded[0]["noise"], threaded[1]["noise"])
+
+
+def test_a_decoder_that_raises_is_named_and_its_threads_end():
+    import threading
+
+    from horovod_spark.estimator._decode import DecodeError, decoded
+
+    def bad(batch):
+        if batch["x"][0] == 5:
+            raise KeyError("no such token")
+        return batch
+
+    before = threading.active_count()
+    batches = ({"x": np.full(2, i)} for i in range(100))
+    with pytest.raises(DecodeError, match=r"decode_fn failed on batch 5 of epoch 2 of "
+                                          r"partition 0: KeyError: 'no such token'") as err:
+        for _ in decoded(batches, bad, 2, "epoch 2 of partition 0", (0,)):
+            pass
+    assert "in bad" in str(err.value)  # the decoder's traceback
+    assert threading.active_count() == before

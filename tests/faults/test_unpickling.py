@@ -44,6 +44,11 @@ REVIEWED = {
                                                         + SPARK + " or " + TASK_KEY,
     ("horovod_spark/estimator/_torch_io.py", "loads_model"): USER_MODEL,
     ("horovod_spark/estimator/_keras_io.py", "loads_model"): USER_MODEL,
+    ("horovod_spark/estimator/model.py", "_decoder"): "the fit's decode_fn, pickled with "
+                                                      "the model by the user's own job: "
+                                                      "inside the prediction UDF (Spark's "
+                                                      "task channel), or from the user's "
+                                                      "Store at load()",
     ("horovod_spark/estimator/_train_keras.py", "_fit"): "the estimator's spec, shipped by the "
                                                          "driver inside the barrier stage "
                                                          "(Spark's task channel)",

@@ -33,6 +33,8 @@ EXPECTED = {
                         r"MLflow run [0-9a-f]+: \d+ params, val_accuracy per epoch \[[0-9., ]+\]"],
     "porting_from_horovod": [r"\[0\]<stdout>:epoch 4: loss", r"exit status: 0"],
     "lightning_on_spark": [r"loss per epoch: [0-9. ]+", r"test accuracy: (\d+\.\d)%"],
+    "images_in_a_pipeline": [r"bytes of PNG each", r"'val_accuracy': 0\.\d+",
+                             r"test accuracy: (\d+\.\d)%"],
 }
 NEEDS = {"keras_estimator": "keras", "porting_from_horovod": "torch",
          "lightning_on_spark": "lightning"}

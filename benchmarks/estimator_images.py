@@ -1,0 +1,164 @@
+"""TorchEstimator on images stored as PNG bytes: decode_fn in threads, on the training thread,
+and the ceiling (the same model on pixels already decoded), in one run, interleaved.
+
+    python benchmarks/estimator_images.py                  # 20,000 images of 64x64, 2 ranks
+    python benchmarks/estimator_images.py --images 100000 --rounds 1
+
+Images: scikit-learn's digits upscaled to 64x64 with per-image noise (so PNG compresses
+them as it would photos' texture: about 3-4 KB each), labels the digits.  Model: a small
+CNN (two 3x3 convolutions, 8 and 16 channels, stride 2, then a linear layer), batch 64,
+Adam, 2 epochs, num_proc=2 on local[2].  Variants:
+
+  threads     binary column + decode_fn (Pillow), decode_workers=2
+  inline      binary column + decode_fn, decode_workers=0 (on the training thread)
+  decoded     an array<float> column of the 4096 pixels, no decode (the ceiling: what
+              training costs when decoding is free)
+
+Samples/s per rank are from rank 0's training time (``train_seconds``: the epochs alone, not
+the spill or the start).  The machine is shared: the JSON under benchmarks/results/ records
+the load average.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+from _peers import load  # noqa: E402
+from _table import write_json  # noqa: E402
+
+VARIANTS = ("threads", "inline", "decoded")
+
+
+def _images(n: int, seed: int = 0):
+    """(pixels uint8 [n, 64, 64], labels): digits upscaled 8x with noise."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    rng = np.random.default_rng(seed)
+    pick = rng.integers(0, len(digits.target), n)
+    base = np.kron(digits.images[pick] / 16.0, np.ones((8, 8)))  # [n, 64, 64] in [0, 1]
+    noisy = np.clip(base * 200 + rng.normal(0, 20, base.shape), 0, 255).astype(np.uint8)
+    return noisy, digits.target[pick].astype(np.int64)
+
+
+def _png(img: np.ndarray) -> bytearray:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(img, mode="L").save(out, "PNG")
+    return bytearray(out.getvalue())
+
+
+def decode(batch):
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    batch["image"] = np.stack([np.asarray(Image.open(io.BytesIO(b)), np.float32)
+                               for b in batch["image"]])[:, None] / 255.0
+    return batch
+
+
+def _net():
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(1, 8, 3, stride=2, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 16, 3, stride=2, padding=1), torch.nn.ReLU(),
+        torch.nn.Flatten(), torch.nn.Linear(16 * 16 * 16, 10))
+
+
+def fit(variant: str, frames: dict, epochs: int, batch: int) -> dict:
+    import torch
+
+    from horovod_spark.estimator import TorchEstimator
+
+    net = _net()
+    kw = dict(num_proc=2, model=net, optimizer=lambda p: torch.optim.Adam(p, lr=1e-3),
+              loss=torch.nn.CrossEntropyLoss(), label_cols=["label"], batch_size=batch,
+              epochs=epochs, verbose=0, store=tempfile.mkdtemp(prefix="hvs-bench-"))
+    if variant == "decoded":
+        est = TorchEstimator(feature_cols=["pixels"], input_shapes=[[-1, 1, 64, 64]], **kw)
+        df = frames["decoded"]
+    else:
+        est = TorchEstimator(feature_cols=["image"], decode_fn=decode,
+                             decode_workers=2 if variant == "threads" else 0, **kw)
+        df = frames["png"]
+    began = time.perf_counter()
+    model = est.fit(df)
+    wall = time.perf_counter() - began
+    t = est._last_timings
+    rows = frames["rows"]
+    steps = -(-rows // (2 * batch))
+    return {"samples_per_s_per_rank": steps * batch * epochs / t["train_seconds"],
+            "train_s": t["train_seconds"], "fit_s": wall,
+            "final_loss": model.getHistory()["loss"][-1]}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--images", type=int, default=20000)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=2, help="each variant this many times, "
+                   "interleaved; the median counts")
+    args = p.parse_args()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master("local[2]").appName("images-bench")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.driver.memory", "6g").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    began, before = time.perf_counter(), load()
+    pixels, labels = _images(args.images)
+    pngs = [_png(img) for img in pixels]
+    png_bytes = sum(len(b) for b in pngs)
+    png = spark.createDataFrame(spark.sparkContext.parallelize(
+        list(zip(pngs, labels.tolist())), 2), "image binary, label bigint").cache()
+    flat = spark.createDataFrame(spark.sparkContext.parallelize(
+        [((img.reshape(-1) / 255.0).astype(np.float32).tolist(), int(y))
+         for img, y in zip(pixels, labels)], 2), "pixels array<float>, label bigint").cache()
+    png.count(), flat.count()
+    frames = {"png": png, "decoded": flat, "rows": args.images}
+    print(f"# {args.images} images of 64x64, PNG {png_bytes / args.images / 1024:.1f} KiB "
+          f"each ({png_bytes / 2**20:.0f} MiB), 2 ranks on local[2], batch {args.batch}, "
+          f"{args.epochs} epochs; data ready in {time.perf_counter() - began:.0f} s")
+    results = {v: [] for v in VARIANTS}
+    for _ in range(args.rounds):
+        for variant in VARIANTS:
+            results[variant].append(fit(variant, frames, args.epochs, args.batch))
+    ceiling = statistics.median(r["samples_per_s_per_rank"] for r in results["decoded"])
+    print(f"# {'variant':>8} {'samples/s/rank':>15} {'of decoded':>11} {'train s':>8} "
+          f"{'fit s':>7} {'loss':>6}")
+    summary = {}
+    for variant, runs in results.items():
+        rate = statistics.median(r["samples_per_s_per_rank"] for r in runs)
+        train = statistics.median(r["train_s"] for r in runs)
+        fit_s = statistics.median(r["fit_s"] for r in runs)
+        summary[variant] = {"samples_per_s_per_rank": rate, "of_decoded": rate / ceiling,
+                            "runs": runs}
+        print(f"  {variant:>8} {rate:>15.0f} {rate / ceiling:>10.2f}x {train:>8.1f} "
+              f"{fit_s:>7.1f} {runs[-1]['final_loss']:>6.3f}")
+    print(f"# load average {before} -> {load()}; {time.perf_counter() - began:.0f} s")
+    path = write_json("estimator_images", {"args": vars(args), "summary": summary})
+    print(f"# JSON: {os.path.relpath(path)}")
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
