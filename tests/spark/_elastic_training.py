@@ -96,3 +96,47 @@ def reference(steps: int):
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
     return [p.detach().clone() for p in model.parameters()]
+
+
+def sample_epochs(samples: int, epochs: int, batch: int, outdir: str, kill_after=None,
+                  marker=None):
+    """Horovod's ElasticSampler in a TorchState: each rank appends the indices it processed
+    (attempt, epoch, index) to a file, commits after every batch; rank 1 of the first attempt
+    SIGKILLs itself after `kill_after` batches of epoch 1.  Returns (world size, first epoch
+    of this attempt, the sampler's processed count at the start)."""
+    import os
+    import signal
+
+    import torch
+
+    import horovod_spark.torch as hvd
+
+    hvd.init()
+    data = list(range(samples))
+    sampler = hvd.elastic.ElasticSampler(data, shuffle=True, seed=3)
+    state = hvd.elastic.TorchState(sampler=sampler, epoch=0, batches=0)
+
+    @hvd.elastic.run
+    def loop(state):
+        start = (hvd.size(), state.epoch, state.sampler.processed_num)
+        attempt = 1 if marker and os.path.exists(marker) else 0
+        log = os.path.join(outdir, f"rank{hvd.rank()}-attempt{attempt}")
+        loader = torch.utils.data.DataLoader(data, batch_size=batch, sampler=state.sampler)
+        while state.epoch < epochs:
+            for i, indices in enumerate(loader):
+                hvd.allreduce(torch.ones(1), name="step")  # the world's step: then it counts
+                with open(log, "a") as f:
+                    f.write("".join(f"{state.epoch} {int(x)}\n" for x in indices))
+                state.sampler.record_batch(i, batch)
+                state.batches += 1
+                state.commit()
+                if kill_after and state.epoch == 1 and i + 1 == kill_after and \
+                        hvd.rank() == 1 and not os.path.exists(marker):
+                    open(marker, "w").close()
+                    os.kill(os.getpid(), signal.SIGKILL)
+            state.epoch += 1
+            state.sampler.set_epoch(state.epoch)
+            state.commit()
+        return start
+
+    return loop(state)

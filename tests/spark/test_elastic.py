@@ -44,6 +44,37 @@ def test_a_rank_sigkilled_mid_training_resumes_to_the_uninterrupted_runs_weights
     assert wait_until_no_rank_processes(tag) == []
 
 
+def _processed(outdir) -> dict:
+    """{(attempt, epoch): [indices]} over every rank's log."""
+    import glob
+    import os
+
+    out: dict = {}
+    for path in glob.glob(os.path.join(outdir, "rank*-attempt*")):
+        attempt = int(path.rsplit("attempt", 1)[1])
+        with open(path) as f:
+            for line in f:
+                epoch, index = map(int, line.split())
+                out.setdefault((attempt, epoch), []).append(index)
+    return out
+
+
+def test_an_elastic_sampler_resumes_an_epoch_with_only_its_unprocessed_samples(spark, tmp_path):
+    """Horovod's ElasticSampler: 24 samples, 2 ranks, batches of 2, a commit after each batch;
+    rank 1 dies after 3 batches of epoch 1; the next attempt processes the rest of epoch 1
+    (each sample once in all) and epoch 2 whole."""
+    marker = str(tmp_path / "killed")
+    starts = horovod_spark.run_elastic(training.sample_epochs,
+                                       args=(24, 3, 2, str(tmp_path), 3, marker), num_proc=2,
+                                       reset_limit=1)
+    assert starts == [(2, 1, 12), (2, 1, 12)]  # epoch 1, 3 batches x 2 x 2 ranks processed
+    seen = _processed(str(tmp_path))
+    assert sorted(seen[0, 0]) == list(range(24))                 # epoch 0, before the kill
+    assert len(seen[0, 1]) == 12 and len(set(seen[0, 1])) == 12  # 3 batches of epoch 1
+    assert sorted(seen[0, 1] + seen[1, 1]) == list(range(24))    # the rest, once, after it
+    assert sorted(seen[1, 2]) == list(range(24))                 # epoch 2 whole
+
+
 def _dies_on_rank_1():
     import os
     import signal
