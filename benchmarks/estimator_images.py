@@ -3,6 +3,7 @@ and the ceiling (the same model on pixels already decoded), in one run, interlea
 
     python benchmarks/estimator_images.py                  # 20,000 images of 64x64, 2 ranks
     python benchmarks/estimator_images.py --images 100000 --rounds 1
+    python benchmarks/estimator_images.py --np 1 --workers 1   # a spare core for decoding
 
 Images: scikit-learn's digits upscaled to 64x64 with per-image noise (so PNG compresses
 them as it would photos' texture: about 3-4 KB each), labels the digits.  Model: a small
@@ -81,13 +82,14 @@ def _net():
         torch.nn.Flatten(), torch.nn.Linear(16 * 16 * 16, 10))
 
 
-def fit(variant: str, frames: dict, epochs: int, batch: int) -> dict:
+def fit(variant: str, frames: dict, epochs: int, batch: int, np_: int = 2,
+        workers: int = 2) -> dict:
     import torch
 
     from horovod_spark.estimator import TorchEstimator
 
     net = _net()
-    kw = dict(num_proc=2, model=net, optimizer=lambda p: torch.optim.Adam(p, lr=1e-3),
+    kw = dict(num_proc=np_, model=net, optimizer=lambda p: torch.optim.Adam(p, lr=1e-3),
               loss=torch.nn.CrossEntropyLoss(), label_cols=["label"], batch_size=batch,
               epochs=epochs, verbose=0, store=tempfile.mkdtemp(prefix="hvs-bench-"))
     if variant == "decoded":
@@ -95,14 +97,14 @@ def fit(variant: str, frames: dict, epochs: int, batch: int) -> dict:
         df = frames["decoded"]
     else:
         est = TorchEstimator(feature_cols=["image"], decode_fn=decode,
-                             decode_workers=2 if variant == "threads" else 0, **kw)
+                             decode_workers=workers if variant == "threads" else 0, **kw)
         df = frames["png"]
     began = time.perf_counter()
     model = est.fit(df)
     wall = time.perf_counter() - began
     t = est._last_timings
     rows = frames["rows"]
-    steps = -(-rows // (2 * batch))
+    steps = -(-rows // (np_ * batch))
     return {"samples_per_s_per_rank": steps * batch * epochs / t["train_seconds"],
             "train_s": t["train_seconds"], "fit_s": wall,
             "final_loss": model.getHistory()["loss"][-1]}
@@ -113,6 +115,8 @@ def main() -> int:
     p.add_argument("--images", type=int, default=20000)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--np", type=int, default=2, help="ranks (default 2)")
+    p.add_argument("--workers", type=int, default=2, help="decode_workers of `threads`")
     p.add_argument("--rounds", type=int, default=2, help="each variant this many times, "
                    "interleaved; the median counts")
     args = p.parse_args()
@@ -128,19 +132,21 @@ def main() -> int:
     pngs = [_png(img) for img in pixels]
     png_bytes = sum(len(b) for b in pngs)
     png = spark.createDataFrame(spark.sparkContext.parallelize(
-        list(zip(pngs, labels.tolist())), 2), "image binary, label bigint").cache()
+        list(zip(pngs, labels.tolist())), args.np), "image binary, label bigint").cache()
     flat = spark.createDataFrame(spark.sparkContext.parallelize(
         [((img.reshape(-1) / 255.0).astype(np.float32).tolist(), int(y))
-         for img, y in zip(pixels, labels)], 2), "pixels array<float>, label bigint").cache()
+         for img, y in zip(pixels, labels)], args.np), "pixels array<float>, label bigint").cache()
     png.count(), flat.count()
     frames = {"png": png, "decoded": flat, "rows": args.images}
     print(f"# {args.images} images of 64x64, PNG {png_bytes / args.images / 1024:.1f} KiB "
-          f"each ({png_bytes / 2**20:.0f} MiB), 2 ranks on local[2], batch {args.batch}, "
+          f"each ({png_bytes / 2**20:.0f} MiB), {args.np} rank(s) on local[2] (threads: "
+          f"decode_workers={args.workers}), batch {args.batch}, "
           f"{args.epochs} epochs; data ready in {time.perf_counter() - began:.0f} s")
     results = {v: [] for v in VARIANTS}
     for _ in range(args.rounds):
         for variant in VARIANTS:
-            results[variant].append(fit(variant, frames, args.epochs, args.batch))
+            results[variant].append(fit(variant, frames, args.epochs, args.batch, args.np,
+                                        args.workers))
     ceiling = statistics.median(r["samples_per_s_per_rank"] for r in results["decoded"])
     print(f"# {'variant':>8} {'samples/s/rank':>15} {'of decoded':>11} {'train s':>8} "
           f"{'fit s':>7} {'loss':>6}")
