@@ -33,6 +33,7 @@ from horovod_spark.estimator import _keras_io as kio
 from horovod_spark.estimator._events import EventLog
 from horovod_spark.estimator._census import agree
 from horovod_spark.estimator._job import Progress, RankData, TrainSpec, append_history
+from horovod_spark.estimator.data import numeric
 
 __all__ = ["train"]
 
@@ -64,7 +65,7 @@ def _batches(spec: TrainSpec, data: RankData, user: dict, epochs: range,
 def _keras_batch(spec: TrainSpec, batch: dict, transform, out_shapes: List[tuple]) -> tuple:
     if transform is not None:
         batch = transform(dict(batch))
-    x = kio.to_inputs([batch[c] for c in spec.feature_cols])
+    x = kio.to_inputs([numeric(batch[c], c) for c in spec.feature_cols])
     ys = [kio.shape_label(batch[c], s) for c, s in zip(spec.label_cols, out_shapes)]
     y = ys[0] if len(ys) == 1 else ys
     if spec.weight_col:
@@ -87,6 +88,7 @@ def _fit(hvd, spec: TrainSpec, data: RankData, entered: float) -> Optional[Dict[
     import cloudpickle
 
     user = cloudpickle.loads(spec.user)
+    data.decoding(user.get("decode_fn"), user.get("decode_workers"), hvd.local_size())
     model = kio.loads_model(user["model"])
     compression = {"compression": user["gradient_compression"]} \
         if user.get("gradient_compression") is not None else {}

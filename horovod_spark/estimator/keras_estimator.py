@@ -57,12 +57,13 @@ class KerasEstimator(DistributedEstimator):
     _model_class = KerasModel
 
     def _dry_run(self, values: Dict[str, Any], sample: Dict[str, Any]) -> List[List[int]]:
+        from horovod_spark.estimator._decode import apply_decode
+        from horovod_spark.estimator.data import numeric
+
         _check_keras_objects(values)
+        sample = apply_decode(values["decode_fn"], sample, "the driver's sample rows")
         for name in values["feature_cols"]:
-            if sample[name].dtype == object:
-                raise TypeError(f"feature column '{name}' holds bytes or text: KerasEstimator "
-                                f"trains on numbers only (no decode_fn yet); decode the column "
-                                f"on Spark first, or train with TorchEstimator(decode_fn=...)")
+            numeric(sample[name], name)
         if values["transformation_fn"] is not None:
             sample = values["transformation_fn"](dict(sample))
         return _keras_io.dry_run(values["model"], values["loss"], values["feature_cols"],
@@ -81,6 +82,7 @@ class KerasEstimator(DistributedEstimator):
             "loss": values["loss"], "metrics": values["metrics"],
             "callbacks": values["callbacks"], "custom_objects": custom,
             "transformation_fn": values["transformation_fn"],
+            "decode_fn": values["decode_fn"], "decode_workers": values["decode_workers"],
             "output_shapes": output_shapes, "loss_weights": values["loss_weights"],
             "gradient_compression": values["gradient_compression"],
             "checkpoint_callback": values["checkpoint_callback"]})

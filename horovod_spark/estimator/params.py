@@ -97,6 +97,14 @@ def _callable_or_none(name: str) -> Callable[[Any], Any]:
     return convert
 
 
+def _to_optional_nonnegative_int(value: Any):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"decode_workers must be None or an integer >= 0, got {value!r}")
+    return value
+
+
 def _to_backend(value: Any) -> Any:
     from horovod_spark.estimator.backend import to_backend
 
@@ -148,6 +156,15 @@ _TRAINING: Dict[str, Tuple[str, Callable[[Any], Any], Any]] = {
     "shuffle": ("shuffle the rows of every rank each epoch", TypeConverters.toBoolean, True),
     "transformation_fn": ("callable(batch: dict[str, numpy.ndarray]) -> dict applied to every "
                           "batch on the ranks before training and validation", _identity, None),
+    "decode_fn": ("callable(batch: dict[str, numpy.ndarray]) -> dict, or (batch, rng) -> dict: "
+                  "turns binary and string feature columns (numpy arrays of bytes / str) into "
+                  "numbers; runs on the ranks in decode_workers threads ahead of training, "
+                  "in validation, in the driver's checks and in Model.transform (rng: a numpy "
+                  "Generator seeded per batch, for reproducible augmentation)",
+                  _callable_or_none("decode_fn"), None),
+    "decode_workers": ("threads that run decode_fn on each rank, ahead of the training step; "
+                       "default: the rank's share of its host's cores (1-4); 0: on the "
+                       "training thread", _to_optional_nonnegative_int, None),
     "use_gpu": ("train on the rank's GPU when it has one", TypeConverters.toBoolean, True),
     "backward_passes_per_step": ("batches whose gradients are accumulated locally before "
                                  "one allreduce and optimizer step",

@@ -30,14 +30,6 @@ def _interval(value: Any) -> str:
         raise ValueError(f"lr_scheduler_interval must be 'epoch' or 'step', got {value!r}")
     return value
 
-
-def _to_optional_nonnegative_int(value: Any):
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"decode_workers must be None or an integer >= 0, got {value!r}")
-    return value
-
 __all__ = ["TorchEstimator", "TorchModel"]
 
 
@@ -101,15 +93,6 @@ _declare(TorchEstimator, {
                          "gradients", _callable_or_none("val_minibatch_fn"), None),
     "loss_constructors": ("Horovod's: functions called with no arguments on each rank that "
                           "return the losses (in place of loss)", _to_list, None),
-    "decode_fn": ("callable(batch: dict[str, numpy.ndarray]) -> dict, or (batch, rng) -> dict: "
-                  "turns binary and string feature columns (numpy arrays of bytes / str) into "
-                  "numbers; runs on the ranks in decode_workers threads ahead of training, "
-                  "in validation, in the driver's checks and in Model.transform (rng: a numpy "
-                  "Generator seeded per batch, for reproducible augmentation)",
-                  _callable_or_none("decode_fn"), None),
-    "decode_workers": ("threads that run decode_fn on each rank, ahead of the training step; "
-                       "default: the rank's share of its host's cores (1-4); 0: on the "
-                       "training thread", _to_optional_nonnegative_int, None),
 })
 document_constructor(TorchEstimator)  # again: the signature lists its own params too
 

@@ -62,3 +62,26 @@ def test_a_keras_label_that_does_not_match_the_output_is_refused(digits, tmp_pat
         model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10),
                                   keras.layers.Reshape((2, 5))])
         _classifier(str(tmp_path), model=model, loss="mse").fit(train)
+
+
+def test_png_bytes_train_a_keras_model_through_decode_fn_and_it_predicts_on_them(spark,
+                                                                                tmp_path):
+    """Binary columns in KerasEstimator: decode_fn on the ranks (in threads), in the driver's
+    checks and in transform, as TorchEstimator's."""
+    pytest.importorskip("PIL.Image")
+    from sklearn.datasets import load_digits
+
+    from test_estimator_images import _png, decode_png
+
+    data = load_digits()
+    rows = [(bytearray(_png(data.data[i])), int(data.target[i])) for i in range(400)]
+    df = spark.createDataFrame(spark.sparkContext.parallelize(rows, 2),
+                               "image binary, label bigint")
+    model = _classifier(str(tmp_path), feature_cols=["image"], decode_fn=decode_png,
+                        decode_workers=2, epochs=6).fit(df)
+    assert model.getHistory()["accuracy"][-1] > 0.8, model.getHistory()
+    got = np.array([r.label__output.toArray()
+                    for r in model.transform(df.limit(32)).select("label__output").collect()])
+    pixels = (data.data[:32] * 255 / 16).astype(np.uint8).astype(np.float32) / 255.0
+    want = model.getModel().predict_on_batch(pixels)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
