@@ -42,13 +42,6 @@ class Work:
     def exception(self) -> Optional[BaseException]:
         return self._future.exception() if self._future.done() else None
 
-    def on_done(self, callback) -> None:
-        """callback(result, error) once the op has ended (now, if it has), on the thread that
-        ends it."""
-        self._future.add_done_callback(
-            lambda f: callback(None, f.exception()) if f.exception() is not None
-            else callback(f.result(), None))
-
 
 class Communicator:
     def __init__(self, backend: Backend, config: Optional[Config] = None, *, store=None,
@@ -209,18 +202,19 @@ class Communicator:
 
         self._run("allreduce", (name, B.Buf(src, dtype, src.shape, None, "numpy")), run, False)
 
-    def flat(self, op: str, *args, async_op: bool = False, then=None):
+    def flat(self, op: str, *args, then=None):
         """The backend's `op` (allreduce, allgather, broadcast, reducescatter, alltoall,
         barrier: `Backend`'s signatures) on flat CPU buffers the caller checked, numbered and
-        guarded like every op, then `then()`; returns then()'s value, or a Work with
-        async_op.  For adapters that convert their own tensors (torch's c10d backend)."""
+        guarded like every op, then `then()`; returns then()'s value.  For adapters that
+        convert their own tensors and run ops on threads of their own (torch's c10d
+        backend)."""
         fn = getattr(self.backend, op)
 
         def run():
             fn(*args)
             return then() if then is not None else None
 
-        return self._run(op, "", run, async_op)
+        return self._run(op, "", run, False)
 
     def _out_buf(self, out, src: B.Buf, what: str) -> B.Buf:
         if out is None:
