@@ -9,16 +9,16 @@ connection authenticated).  In a job of this package the group's communicator bo
 through the job's own authenticated store with the job's secret; under torchrun or any
 env:// launcher it bootstraps through the c10d store it is given, with a secret rank 0 puts
 there (no better than that store, which authenticates nobody).  An op becomes the backend's
-op on the tensors' memory (`Communicator.flat`), run on the communicator's thread and
-returned as a c10d Work whose future completes with it, so DDP's comm hooks chain on it and
-communication overlaps backward.  Ops the transport has not (the bitwise reductions)
+op on the tensors' memory (`Communicator.flat`), queued for the group's thread (or run on
+the caller's when torch waits for it at once) and returned as a c10d Work whose future
+completes with it, so DDP's comm hooks chain on it and communication overlaps backward
+(see `_c10d_work`).  Ops the transport has not (the bitwise reductions)
 gather and reduce with torch; ops torch's backends have and this one has not raise
 NotSupported naming the op and what to use.  CUDA tensors go to an inner NCCL group
 (`"cpu:hvs,cuda:nccl"`: torch hands a Python group every device's tensors).
 """
 from __future__ import annotations
 
-import collections
 import socket
 import threading
 from typing import List, Optional
@@ -26,10 +26,12 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 import torch._C._distributed_c10d as c10d
-from torch.futures import Future
 
 from collectives import Communicator, NotSupported
 from collectives.types import DType, ReduceOp
+
+from ._c10d_work import Done as _done
+from ._c10d_work import Queue
 
 __all__ = ["ProcessGroupHVS", "register"]
 
@@ -43,141 +45,6 @@ _DTYPES = {torch.float16: DType.FLOAT16, torch.bfloat16: DType.BFLOAT16,
            torch.float32: DType.FLOAT32, torch.float64: DType.FLOAT64, torch.int8: DType.INT8,
            torch.int16: DType.INT16, torch.int32: DType.INT32, torch.int64: DType.INT64,
            torch.uint8: DType.UINT8, torch.bool: DType.BOOL}
-
-
-class _Op:
-    """One submitted op: `fn` to run, and the torch Future its result completes."""
-
-    __slots__ = ("fn", "fut", "done")
-
-    def __init__(self, fn, fut: Optional[Future] = None) -> None:
-        self.fn, self.fut, self.done = fn, fut, False
-
-    def run(self) -> None:
-        try:
-            value = self.fn()
-        except BaseException as exc:  # noqa: BLE001 (the future carries it to every waiter)
-            self.done = True
-            if self.fut is None:
-                raise
-            self.fut.set_exception(exc)
-        else:
-            self.done = True
-            if self.fut is None:
-                self.fut = Future()
-            self.fut.set_result(value)
-
-
-class _Queue:
-    """A group's ops in submission order, each run by whoever takes it first: the group's
-    thread (so an op a caller does not wait for, such as DDP's bucket allreduce, runs while
-    backward goes on), or the caller's own thread when it waits for an op not yet begun
-    (a blocking call pays no thread hop).  One op runs at a time, oldest first."""
-
-    def __init__(self) -> None:
-        self._ops: collections.deque = collections.deque()
-        self._running = threading.Lock()  # held while an op runs: one at a time, in order
-        self._wake = threading.Condition(threading.Lock())
-        self._thread: Optional[threading.Thread] = None
-        self._stopping = False
-
-    def submit(self, fn) -> "_Work":
-        op = _Op(fn, Future())
-        with self._wake:
-            if self._stopping:
-                raise RuntimeError("hvs: the process group was shut down")
-            self._ops.append(op)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._serve, name="hvs-c10d", daemon=True)
-                self._thread.start()
-            self._wake.notify()
-        return _Work(op, self)
-
-    def run_now(self, fn) -> "_Done":
-        """An op its caller waits for at once (torch's blocking calls: `opts.asyncOp` off):
-        run here after the ops before it, with no thread hop and no wake of the thread; its
-        error raises here."""
-        with self._running:
-            while self._ops:
-                nxt = self._take()
-                if nxt is not None:
-                    nxt.run()
-            return _Done(fn())
-
-    def _take(self) -> Optional[_Op]:
-        with self._wake:
-            return self._ops.popleft() if self._ops else None
-
-    def run_through(self, op: _Op) -> None:
-        """Run the queue's ops on this thread until `op` has run (or another thread ran it)."""
-        with self._running:
-            while not op.done:
-                nxt = self._take()
-                if nxt is None:
-                    return  # taken by the group's thread: it has run, under this lock
-                nxt.run()
-
-    def _serve(self) -> None:
-        while True:
-            with self._wake:
-                while not self._ops and not self._stopping:
-                    self._wake.wait()
-                if self._stopping and not self._ops:
-                    return
-            with self._running:
-                op = self._take()
-                if op is not None:
-                    op.run()
-
-    def stop(self) -> None:
-        with self._wake:
-            self._stopping = True
-            self._wake.notify()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
-
-
-class _Work(c10d.Work):
-    """A c10d Work over a submitted op.  wait() runs the op on the caller's thread if no
-    thread has begun it, and raises its error (torch's own from-a-future Work swallows it)."""
-
-    def __init__(self, op: _Op, queue: Optional[_Queue]) -> None:
-        super().__init__()
-        self._op, self._queue = op, queue
-
-    def wait(self, timeout=None) -> bool:
-        if not self._op.done:
-            self._queue.run_through(self._op)
-        self._op.fut.wait()
-        return True
-
-    def is_completed(self) -> bool:
-        return self._op.done
-
-    def get_future(self) -> Future:
-        return self._op.fut
-
-
-class _Done(c10d.Work):
-    """The Work of an op that has run: its future, made when asked for, holds `value`."""
-
-    def __init__(self, value) -> None:
-        super().__init__()
-        self._value = value
-
-    def wait(self, timeout=None) -> bool:
-        return True
-
-    def is_completed(self) -> bool:
-        return True
-
-    def get_future(self) -> Future:
-        fut = Future()
-        fut.set_result(self._value)
-        return fut
-
-
-_done = _Done
 
 
 class _Flat:
@@ -260,7 +127,7 @@ class ProcessGroupHVS(dist.ProcessGroup):
         self._cuda: Optional[dist.ProcessGroup] = None
         self._pairs: dict = {}
         self._lock = threading.Lock()
-        self._queue = _Queue()
+        self._queue = Queue()
 
     def getBackendName(self) -> str:
         return NAME
@@ -286,7 +153,7 @@ class ProcessGroupHVS(dist.ProcessGroup):
     # -- running ---------------------------------------------------------
     def _run(self, op: str, *args, then=None, opts=None) -> "dist.Work":
         """The backend's op, queued or, when torch waits for it at once, run now (see
-        `_Queue`); a Work whose future carries `then()` (the tensors torch expects back)."""
+        `_c10d_work`); a Work whose future carries `then()` (the tensors torch expects back)."""
         flat = self.comm.flat
         if opts is not None and not opts.asyncOp:
             return self._queue.run_now(lambda: flat(op, *args, then=then))
@@ -377,10 +244,7 @@ class ProcessGroupHVS(dist.ProcessGroup):
     all_gather_single = _allgather_base
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=c10d.AllgatherOptions()):
-        work = None
-        for o, i in zip(outputs, inputs):
-            work = self._allgather_base(o, i, opts)
-        return work
+        return _each(self._allgather_base, outputs, inputs, opts)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
@@ -425,10 +289,7 @@ class ProcessGroupHVS(dist.ProcessGroup):
     reduce_scatter_single = _reduce_scatter_base
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=c10d.ReduceScatterOptions()):
-        work = None
-        for o, i in zip(outputs, inputs):
-            work = self._reduce_scatter_base(o, i, opts)
-        return work
+        return _each(self._reduce_scatter_base, outputs, inputs, opts)
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
@@ -533,6 +394,15 @@ class ProcessGroupHVS(dist.ProcessGroup):
         self._pairs = {}
         if self._cuda is not None:
             self._cuda.shutdown()
+
+
+def _each(op, outputs, inputs, opts):
+    """A coalesced op as one op per (output, input) pair, queued in order: the last one's
+    Work ends after all of them (the queue runs them oldest first)."""
+    work = None
+    for o, i in zip(outputs, inputs):
+        work = op(o, i, opts)
+    return work
 
 
 def _op(reduce_op):
