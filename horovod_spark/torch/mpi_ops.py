@@ -93,64 +93,47 @@ def _scale_int(tensor: torch.Tensor, factor: float) -> torch.Tensor:
     return (tensor.double() * factor).trunc().to(tensor.dtype)
 
 
-class _IntPlan:
-    """How an integer tensor reduces with Average or scale factors: a scaled input,
-    the op the engine runs, and what finish() does to the result."""
-
-    __slots__ = ("input", "op", "average", "post")
-
-    def __init__(self, tensor: torch.Tensor, op: ReduceOp, pre: float, post: float) -> None:
-        self.input = _scale_int(tensor, pre) if pre != 1.0 else tensor
-        self.average = op == Average
-        self.op = Sum if self.average else op
-        self.post = post
-
-    def finish(self, out: torch.Tensor, n: int) -> torch.Tensor:
-        if self.post != 1.0:  # one scaling, as Horovod folds 1/size into the postscale
-            scaled = _scale_int(out, self.post / (n if self.average else 1))
-        elif self.average:
-            scaled = torch.div(out, n, rounding_mode="trunc")
-        else:
-            return out
-        return out.copy_(scaled)
-
-
 def _scale_half(tensor: torch.Tensor, factor: float) -> torch.Tensor:
     """Horovod's CPU half-precision scaling: the product in float32, rounded to the dtype."""
     return (tensor.float() * float(np.float32(factor))).to(tensor.dtype)
 
 
-class _HalfPlan:
-    """How a CPU float16/bfloat16 tensor reduces with scale factors, as Horovod's CPU ops
-    do: each factor applied in float32 math and rounded back (the engine would scale in
-    the tensor's own precision, with the factor rounded to it), Average as a postscale of
-    1/size."""
+class _Plan:
+    """How a tensor reduces whose scaling the engine would not do as Horovod does (integers:
+    the product in float64, truncated; CPU float16/bfloat16: in float32, rounded once, where
+    the engine scales in the tensor's own precision): the input scaled by `scale`, the op
+    the engine runs (Average as Sum), and what finish() does to the result (one scaling, as
+    Horovod folds 1/size into the postscale; an integer Average alone divides exactly)."""
 
-    __slots__ = ("input", "op", "average", "post")
+    __slots__ = ("input", "op", "average", "post", "scale")
 
-    def __init__(self, tensor: torch.Tensor, op: ReduceOp, pre: float, post: float) -> None:
-        self.input = _scale_half(tensor, pre) if pre != 1.0 else tensor
+    def __init__(self, tensor: torch.Tensor, op: ReduceOp, pre: float, post: float,
+                 scale: Callable[[torch.Tensor, float], torch.Tensor]) -> None:
+        self.scale = scale
+        self.input = scale(tensor, pre) if pre != 1.0 else tensor
         self.average = op == Average
         self.op = Sum if self.average else op
         self.post = post
 
     def finish(self, out: torch.Tensor, n: int) -> torch.Tensor:
+        if self.average and self.post == 1.0 and self.scale is _scale_int:
+            return out.copy_(torch.div(out, n, rounding_mode="trunc"))
         post = self.post / (n if self.average else 1)
-        return out.copy_(_scale_half(out, post)) if post != 1.0 else out
+        return out.copy_(self.scale(out, post)) if post != 1.0 else out
 
 
-def _int_plan(tensor, op, pre, post):
+def _plan(tensor, op, pre, post) -> Optional[_Plan]:
     """The integer or half-precision plan of a reduction, or None (the engine does it all)."""
     if _is_integer(tensor):
         return None if op != Average and pre == 1.0 and post == 1.0 else \
-            _IntPlan(tensor, op, pre, post)
+            _Plan(tensor, op, pre, post, _scale_int)
     if tensor.dtype in (torch.float16, torch.bfloat16) and not tensor.is_cuda and \
             (pre != 1.0 or post != 1.0) and op in (Sum, Average):
-        return _HalfPlan(tensor, op, pre, post)
+        return _Plan(tensor, op, pre, post, _scale_half)
     return None
 
 
-def _reduce_finish(plan: Optional[_IntPlan], inplace: Optional[torch.Tensor], ps=None):
+def _reduce_finish(plan: Optional[_Plan], inplace: Optional[torch.Tensor], ps=None):
     def finish(results):
         out = results[0] if plan is None else plan.finish(results[0], _state.set_size(ps))
         return inplace if inplace is not None else out
@@ -158,8 +141,8 @@ def _reduce_finish(plan: Optional[_IntPlan], inplace: Optional[torch.Tensor], ps
 
 
 def _reduce_submit(kind, tensor, out, name, op, prescale, postscale, ps=None):
-    """Submit one allreduce or reducescatter; returns (handle, integer plan or None)."""
-    plan = _int_plan(tensor, op, prescale, postscale)
+    """Submit one allreduce or reducescatter; returns (handle, plan or None)."""
+    plan = _plan(tensor, op, prescale, postscale)
     if plan is None:
         return _state.submit(name, kind, tensor, out=out, op=op, prescale=prescale,
                              postscale=postscale, view=ps), None
