@@ -19,6 +19,7 @@ from pyspark.ml import Estimator
 
 from horovod_spark.estimator import _checks, _mlflow, _parquet
 from horovod_spark.estimator import backend as _backend
+from horovod_spark.estimator._decode import apply_decode
 from horovod_spark.estimator._job import FitJob, TrainSpec
 from horovod_spark.estimator.data import ColumnSpec, prepare
 from horovod_spark.estimator.params import IGNORED, EstimatorParams, document_constructor
@@ -45,6 +46,7 @@ class DistributedEstimator(Estimator, EstimatorParams):
         raise NotImplementedError
 
     def _dry_run(self, values: Dict[str, Any], sample: Dict[str, Any]) -> List[List[int]]:
+        """The framework's dry run on the sample rows (decoded by decode_fn already)."""
         raise NotImplementedError
 
     _train_fn: Callable[..., Any]
@@ -78,6 +80,7 @@ class DistributedEstimator(Estimator, EstimatorParams):
             else None  # (the direct read needs no Spark job for it)
         if sample is None:
             sample = _checks.sample_batch(dataset, specs)
+        sample = apply_decode(values["decode_fn"], sample, "the driver's sample rows")
         output_shapes = self._dry_run(values, sample)
         job = self._barrier_job(values, specs, output_shapes)
         job = dataclasses.replace(job, train=dataclasses.replace(job.train, num_proc=num_proc))

@@ -88,7 +88,9 @@ def dry_run(model: Any, loss: Any, feature_cols: Sequence[str], label_cols: Sequ
     """
     import keras
 
-    features = [sample[c] for c in feature_cols]
+    from horovod_spark.estimator.data import numeric
+
+    features = [numeric(sample[c], c) for c in feature_cols]
     try:
         outputs = as_outputs(model(to_inputs(features), training=False))
     except Exception as exc:

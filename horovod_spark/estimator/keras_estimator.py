@@ -57,13 +57,7 @@ class KerasEstimator(DistributedEstimator):
     _model_class = KerasModel
 
     def _dry_run(self, values: Dict[str, Any], sample: Dict[str, Any]) -> List[List[int]]:
-        from horovod_spark.estimator._decode import apply_decode
-        from horovod_spark.estimator.data import numeric
-
         _check_keras_objects(values)
-        sample = apply_decode(values["decode_fn"], sample, "the driver's sample rows")
-        for name in values["feature_cols"]:
-            numeric(sample[name], name)
         if values["transformation_fn"] is not None:
             sample = values["transformation_fn"](dict(sample))
         return _keras_io.dry_run(values["model"], values["loss"], values["feature_cols"],

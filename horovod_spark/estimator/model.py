@@ -27,7 +27,8 @@ from pyspark.ml.util import (DefaultParamsReader, DefaultParamsWriter, MLReadabl
                              MLWritable, MLWriter)
 
 from horovod_spark._job.cluster import is_connect, to_arrow
-from horovod_spark.estimator.data import arrow_to_numpy, column_specs, prepare_exprs
+from horovod_spark.estimator._decode import apply_decode
+from horovod_spark.estimator.data import arrow_to_numpy, column_specs, numeric, prepare_exprs
 from horovod_spark.estimator.params import ModelParams
 
 __all__ = ["EstimatorModel"]
@@ -175,11 +176,6 @@ def _decoder(decode_bytes: Optional[bytes]):
 
 def _features(decode, named: List[tuple]) -> List[np.ndarray]:
     """The feature arrays in order, through the fit's decode_fn when it had one."""
-    from horovod_spark.estimator._decode import apply_decode
-    from horovod_spark.estimator.data import numeric
-
-    if decode is None:
-        return [numeric(v, n) for n, v in named]
     batch = apply_decode(decode, dict(named), "a prediction batch")
     return [numeric(batch[n], n) for n, _ in named]
 
@@ -197,21 +193,11 @@ def _partition_predictor(broadcast, make_predictor, columns, shapes, out_cols, b
         for arrays in batches:
             arrays = arrays if isinstance(arrays, tuple) else (arrays,)
             features = [arrow_to_numpy(a, dtype, name) for a, (name, dtype) in zip(arrays, columns)]
-            if decode is not None or any(f.dtype == object for f in features):
-                n = len(features[0])
-                parts = [predict(_features(decode, [(name, f[i:i + batch_size])
-                                                    for (name, _), f in zip(columns, features)]))
-                         for i in range(0, n, batch_size)] or \
-                    [[np.zeros((0,) + tuple(s)) for s in shapes]]
-                outs = [np.concatenate([p[k] for p in parts]) for k in range(len(shapes))]
-                yield pa.StructArray.from_arrays(
-                    [_to_arrow(o, s, name) for o, s, name in zip(outs, shapes, out_cols)],
-                    names=list(out_cols))
-                continue
             n = len(features[0])
-            parts = [predict([f[i:i + batch_size] for f in features])
-                     for i in range(0, n, batch_size)] or [[np.zeros((0,) + tuple(s))
-                                                            for s in shapes]]
+            parts = [predict(_features(decode, [(name, f[i:i + batch_size])
+                                                for (name, _), f in zip(columns, features)]))
+                     for i in range(0, n, batch_size)] or \
+                [[np.zeros((0,) + tuple(s)) for s in shapes]]
             outs = [np.concatenate([p[k] for p in parts]) for k in range(len(shapes))]
             yield pa.StructArray.from_arrays(
                 [_to_arrow(o, s, name) for o, s, name in zip(outs, shapes, out_cols)],

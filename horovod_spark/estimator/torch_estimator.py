@@ -18,7 +18,6 @@ from __future__ import annotations
 from typing import Any, Dict, List
 
 from horovod_spark.estimator import _torch_io, _train_torch
-from horovod_spark.estimator._decode import apply_decode
 from horovod_spark.estimator._estimator import DistributedEstimator
 from horovod_spark.estimator.model import EstimatorModel
 from horovod_spark.estimator.params import (_callable_or_none, _declare, _to_list,
@@ -71,7 +70,6 @@ class TorchEstimator(DistributedEstimator):
         if len(losses) != len(labels):
             raise ValueError(f"{len(losses)} losses for {len(labels)} label columns {labels}; "
                              f"give one loss, or one per label column")
-        sample = apply_decode(values["decode_fn"], sample, "the driver's sample rows")
         if values["transformation_fn"] is not None:
             sample = values["transformation_fn"](dict(sample))
         return _torch_io.dry_run(values["model"], losses, values["feature_cols"], labels,
