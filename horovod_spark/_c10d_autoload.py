@@ -59,5 +59,6 @@ class Armed:
         self.fn = fn
 
     def __call__(self, *args, **kwargs):
+        __tracebackhide__ = True  # noqa: F841 - the rank's traceback starts at the user's code
         arm()
         return self.fn(*args, **kwargs)

@@ -110,12 +110,23 @@ def _readlines(pipe):
     return iter(pipe.readline, b"")
 
 
+EARLY_AFTER = 240  # RankFailed's early line follows a headline up to this long, else leads
+
+
 class RankFailed(RuntimeError):
     """A rank raised, exited non-zero or died: its `Failure`, with traceback and output."""
 
-    def __init__(self, failure: Failure, extra: str = "") -> None:
+    def __init__(self, failure: Failure, extra: str = "", early: str = "") -> None:
+        """extra: a line after the text; early: one that must come within the text's first
+        few hundred characters (after a short headline, else first), for a reader that
+        receives only the text's start."""
         self.failure = failure
-        super().__init__(self._text() + (f"\n{extra}" if extra else ""))
+        text = self._text()
+        if early:
+            head, sep, rest = text.partition("\n")
+            text = (f"{head}\n{early}{sep}{rest}" if len(head) <= EARLY_AFTER
+                    else f"{early}\n{text}")
+        super().__init__(text + (f"\n{extra}" if extra else ""))
 
     def __reduce__(self):
         return (type(self), (self.failure,))

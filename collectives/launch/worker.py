@@ -44,13 +44,24 @@ def describe_exception(exc: BaseException) -> str:
         return (f"<the exception's __str__ raised {type(broken).__name__}>; its args: {args}")
 
 
+def user_traceback(exc: BaseException) -> str:
+    """`exc`'s traceback without the launch's own frames around the job's function (this
+    module's main and the wrappers that set `__tracebackhide__`, the convention pytest
+    reads): it starts at the user's code.  A frame that raised is always kept."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None and (
+            tb.tb_frame.f_code is main.__code__ or "__tracebackhide__" in tb.tb_frame.f_locals):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
 def _failure(env: RankEnv, exc: BaseException) -> RankResult:
     try:
         blob = cloudpickle.dumps(exc)
     except BaseException:  # noqa: BLE001 - an exception that cannot be pickled is still named
         blob = b""
     try:
-        tb = traceback.format_exc()
+        tb = user_traceback(exc)
     except BaseException:  # noqa: BLE001
         tb = ""
     return RankResult(failure=Failure(env.rank, type(exc).__name__, describe_exception(exc),

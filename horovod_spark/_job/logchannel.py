@@ -45,13 +45,16 @@ import time
 from typing import Callable, Optional
 
 from collectives.errors import CollectiveError
+from collectives.launch import RankFailed
+from collectives.launch.record import Failure
 from collectives.rendezvous.accept import AcceptGate, accept_loop
 
 from ..progress.marks import CALLBACK_MARK  # a line a rank wrote with `log_to_driver`
 from .settings import LOG_CALLBACK
 
 __all__ = ["LogServer", "LogClient", "LineSink", "log_to_driver", "forward_warnings",
-           "failure_marker", "failure_markers", "compact_record", "parse_failure_markers",
+           "failure_marker", "failure_markers", "marked_failure", "compact_record",
+           "parse_failure_markers",
            "CALLBACK_MARK"]
 
 MAX_FRAME = 1 << 20
@@ -114,24 +117,54 @@ def failure_marker(record: dict) -> str:
     return _MARKER + base64.b64encode(blob).decode()
 
 
-def compact_record(record: dict) -> dict:
-    """The record cut to what fits in the first 2 KB of an exception's text, which is all a
-    Spark Connect client before 4.0 receives (it cannot fetch the rest): the error's type and
-    message, the traceback's last lines and the output's last lines."""
+# What a Spark Connect client before 4.0 receives of an exception's text: its first 2 KB (it
+# cannot fetch the rest).  Before the task's exception come Spark's headline and the Python
+# worker's frames (about 900 characters with a site-packages install's paths), then the
+# exception's headline (at most procs.EARLY_AFTER); the compact marker fits in what is left.
+COMPACT_JSON = 560
+
+
+def compact_record(record: dict, budget: int = COMPACT_JSON) -> dict:
+    """The record cut to `budget` bytes of JSON: the error's type and message, the
+    traceback's last lines and the output's last lines, shortened in that order of
+    importance (the hint first, the message last) until it fits."""
     out = {k: v for k, v in record.items() if k not in ("exc_blob", "traceback", "tail")}
-    for key, limit in (("message", 300), ("hint", 160)):
-        if isinstance(out.get(key), str) and len(out[key]) > limit:
-            out[key] = out[key][:limit] + "..."
-    tb = record.get("traceback") or ""
-    if tb:
-        out["traceback"] = "\n".join(tb.rstrip().splitlines()[-3:])[-360:]
-    out["tail"] = [str(line)[-120:] for line in list(record.get("tail") or ())[-2:]]
+    tb = (record.get("traceback") or "").rstrip().splitlines()
+    frames = max((i for i, line in enumerate(tb) if line.startswith(" ")), default=-1)
+    tb = tb[:frames + 1] or tb  # the frames' last lines; the error's line is the message
+    tail = [str(line) for line in list(record.get("tail") or ())]
+    message, hint = str(out.get("message") or ""), out.get("hint")
+    steps = [  # (hint, traceback lines and chars, tail lines and chars, message chars)
+        (160, 3, 360, 2, 120, 300), (80, 2, 240, 2, 100, 240), (0, 2, 200, 1, 100, 200),
+        (0, 1, 160, 1, 80, 160), (0, 1, 120, 1, 60, 100), (0, 1, 80, 0, 0, 60)]
+    for hint_n, tb_lines, tb_n, tail_lines, tail_n, msg_n in steps:
+        if isinstance(hint, str):
+            out["hint"] = hint[:hint_n] + "..." if len(hint) > hint_n else hint
+            if not hint_n:
+                out.pop("hint")
+        out["message"] = message[:msg_n] + "..." if len(message) > msg_n else message
+        if tb:
+            out["traceback"] = "\n".join(tb[-tb_lines:])[-tb_n:]
+        out["tail"] = [line[-tail_n:] for line in tail[-tail_lines:]] if tail_lines else []
+        if len(json.dumps(out, separators=(",", ":"))) <= budget:
+            break
     return out
 
 
-def failure_markers(record: dict) -> str:
-    """The record as two markers, a compact one first (see compact_record), then the whole."""
-    return failure_marker(compact_record(record)) + "\n" + failure_marker(record)
+def failure_markers(record: dict) -> "tuple[str, str]":
+    """The record as two markers: a compact one (see compact_record), to be placed early in
+    the exception's text (RankFailed's `early`), and the whole, at its end."""
+    return failure_marker(compact_record(record)), failure_marker(record)
+
+
+def marked_failure(failure: Failure) -> RankFailed:
+    """What a task raises for its rank's failure: the failure's text, with the record as a
+    compact marker after its headline and whole at its end (the pickled exception stays
+    off: it is only ever taken from the authenticated log channel)."""
+    record = failure.to_dict()
+    record.pop("exc_blob", None)
+    compact, whole = failure_markers(record)
+    return RankFailed(failure, whole, early=compact)
 
 
 def parse_failure_markers(text: str) -> list:

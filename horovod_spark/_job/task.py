@@ -26,7 +26,7 @@ in containers that each number their own GPUs from 0) a rank sees only its own.
 The child dies with the task: its keeper's PR_SET_PDEATHSIG (Spark SIGKILLs the
 worker of a killed task), the driver's abort frame on the log channel, and a stop of
 the keeper (`procs.stop_kept`) in `finally`.  A failure leaves the task as a
-`RankFailed` whose text carries the failure record (`logchannel.failure_marker`),
+`RankFailed` whose text carries the failure record (`logchannel.marked_failure`),
 and the same record goes to the driver on the log channel first.
 """
 from __future__ import annotations
@@ -44,12 +44,11 @@ import time
 import traceback
 from typing import Iterator, Optional, Tuple
 
-from collectives.launch import RankFailed
 from collectives.launch.channel import LauncherEnd
 from collectives.launch.procs import kept, pump, stop_kept
 from collectives.launch.record import Failure, RankResult, signal_name
 
-from .logchannel import CALLBACK_MARK, LogClient, failure_markers, split_lines
+from .logchannel import CALLBACK_MARK, LogClient, marked_failure, split_lines
 from .settings import WARM_START
 
 __all__ = ["TaskSpec", "run_task"]
@@ -263,10 +262,8 @@ class RankProcess:
                                    time=time.time())
 
     def _fail(self, failure: Failure) -> None:
-        record = failure.to_dict()
-        self.log.failure(record)
-        short = {k: v for k, v in record.items() if k != "exc_blob"}
-        raise RankFailed(failure, failure_markers(short))
+        self.log.failure(failure.to_dict())
+        raise marked_failure(failure)
 
     def cleanup(self) -> None:
         from collectives.backends.shm_names import remove_segments_of

@@ -283,6 +283,7 @@ class Tracked:
         self.fn = fn
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # noqa: F841 - the rank's traceback starts at the user's code
         s = _rank_totals()
         if s is None:
             return self.fn(*args, **kwargs)

@@ -53,7 +53,11 @@ def test_a_failing_local_rank_is_raised_as_job_failed_error_naming_it():
 
     with pytest.raises(JobFailedError, match=r"rank 1/2: ValueError: bad shard") as info:
         horovod_spark.run(fails, num_proc=-2, stdout=io.StringIO(), stderr=io.StringIO())
-    assert 'raise ValueError("bad shard")' in info.value.remote_traceback
+    tb = info.value.remote_traceback
+    assert 'raise ValueError("bad shard")' in tb
+    # the traceback starts at the job's function: the launch's frames around it are left out
+    frames = [line for line in tb.splitlines() if line.startswith("  File ")]
+    assert len(frames) == 1 and frames[0].endswith("in fails"), tb
     assert isinstance(info.value.original(), ValueError)
 
 

@@ -11,9 +11,10 @@ import threading
 import pytest
 
 import _spark_support  # noqa: F401  (puts the repository on sys.path)
+from collectives.launch.record import Failure
 
 from horovod_spark._job.logchannel import (CALLBACK_MARK, LineSink, LogClient, LogServer, failure_marker,
-                                          failure_markers, parse_failure_markers)
+                                          marked_failure, parse_failure_markers)
 
 SECRET = os.urandom(32)
 JOB = "hvs-test/a0"
@@ -137,23 +138,46 @@ def test_a_failure_record_survives_a_trip_through_exception_text():
     assert parse_failure_markers("no markers here") == []
 
 
-def test_a_failure_cut_to_the_first_2_kb_still_names_its_error_traceback_and_last_output():
-    """A Connect client before pyspark 4 receives only the start of an exception's text."""
-    tb = "".join(f'  File "train.py", line {i}, in step\n    work({i})\n' for i in range(200))
-    record = {"rank": 1, "size": 2, "time": 5.0, "type": "ValueError", "host": "h1",
-              "message": "bad learning rate -1",
-              "traceback": "Traceback (most recent call last):\n" + tb +
-                           '    raise ValueError("bad learning rate -1")\nValueError: bad learning rate -1\n',
-              "tail": [f"[1]<stdout>:line {i}" for i in range(500)] + ["[1]<stdout>:about to fail"]}
-    spark_prefix = "Job aborted due to stage failure: ... PythonException: " + "x" * 900 + "\n"
-    text = spark_prefix + failure_markers(record)
-    whole = parse_failure_markers(text)
-    assert whole == [record]  # the whole record wins over its compact twin
+# What precedes a task's exception in Spark's text: the stage's headline and the Python
+# worker's frames of the task, with the paths of a site-packages install.
+_SITE = "/local_disk0/.ephemeral_nfs/envs/pythonEnv-0123/lib/python3.11/site-packages"
+SPARK_PREFIX = (
+    "(org.apache.spark.SparkException) Job aborted due to stage failure: Could not recover from "
+    "a failed barrier ResultStage. Most recent failure reason: Stage failed because barrier task "
+    "ResultTask(12, 1) finished unsuccessfully.\norg.apache.spark.api.python.PythonException: "
+    "[PYTHON_EXCEPTION] An exception was thrown from the Python worker: Traceback (most recent "
+    "call last):\n" + "".join(f'  File "{_SITE}/horovod_spark/_job/{f}", line 318, in {fn}\n'
+                              f"    {code}\n" for f, fn, code in [
+                                  ("cluster.py", "_arrow_body", "for row in task(iter(())):"),
+                                  ("task.py", "run_task", "proc.cleanup()"),
+                                  ("task.py", "outcome", "self._fail(self._failure(rc, result))"),
+                                  ("task.py", "_fail", "raise marked_failure(failure)")])
+    + "collectives.launch.procs.RankFailed: ")
+
+
+@pytest.mark.parametrize("message", ["bad learning rate -1", "bad learning rate -1 " + "x" * 3000])
+def test_a_failure_cut_to_the_first_2_kb_still_names_its_error_traceback_and_last_output(message):
+    """A Connect client before pyspark 4 receives only the first 2 KB of an exception's text,
+    Spark's prefix and the task's frames included; the rank's traceback and output are long."""
+    tb = "".join(f'  File "{_SITE}/mylib/train.py", line {i}, in step\n    work({i})\n'
+                 for i in range(200))
+    failure = Failure(1, "ValueError", message, size=2, host="10.0.0.17", exitcode=1, time=5.0,
+                      traceback="Traceback (most recent call last):\n" + tb +
+                      '    raise ValueError("bad learning rate -1")\nValueError: ' + message + "\n",
+                      tail=tuple(f"[1]<stdout>:step {i} loss {i * 0.01:.4f} " + "=" * 60
+                                 for i in range(100)) + ("[1]<stdout>:about to fail",),
+                      hint="lower it", exc_blob=b"pickled")
+    text = SPARK_PREFIX + str(marked_failure(failure))
+    record = dict(failure.to_dict(), exc_blob=None)
+    record.pop("exc_blob")
+    assert parse_failure_markers(text) == [record]  # the whole record wins over its compact twin
     (cut,) = parse_failure_markers(text[:2048])
-    assert (cut["rank"], cut["type"], cut["message"], cut["host"]) == (1, "ValueError",
-                                                                      "bad learning rate -1", "h1")
+    assert (cut["rank"], cut["error_type"], cut["host"], cut["size"]) == (1, "ValueError",
+                                                                         "10.0.0.17", 2)
+    assert cut["message"].startswith("bad learning rate -1")
     assert 'raise ValueError("bad learning rate -1")' in cut["traceback"]
     assert cut["tail"][-1] == "[1]<stdout>:about to fail"
+    assert str(marked_failure(failure)).startswith("rank 1 failed") == (len(message) < 100)
 
 
 def test_a_closed_server_stops_listening_and_its_threads_end():
