@@ -41,11 +41,18 @@ def checked_specs(df, values: Dict[str, Any]) -> List[ColumnSpec]:
     validation = values.get("validation")
     val_col = validation if isinstance(validation, str) else None
     try:
-        return column_specs(df.schema, values["feature_cols"], values["label_cols"],
-                            values.get("sample_weight_col"), val_col)
+        specs = column_specs(df.schema, values["feature_cols"], values["label_cols"],
+                             values.get("sample_weight_col"), val_col, values.get("array_padding"))
     except ValueError as exc:
         raise ValueError(_with_suggestions(str(exc), df.columns, _used(values, val_col))) \
             from None
+    collated = [s.name for s in specs if s.pad and s.pad[0] == "collate"]
+    if collated and values.get("decode_fn") is None:
+        raise ValueError(f"array_padding gives column(s) {collated} the rule 'collate', which "
+                         f"hands their rows to decode_fn; pass decode_fn=fn, where fn(batch) "
+                         f"returns the batch with each as one array (padded or packed), or "
+                         f"pad them instead (a length n, or 'longest')")
+    return specs
 
 
 def _used(values: Dict[str, Any], val_col: Optional[str]) -> List[str]:

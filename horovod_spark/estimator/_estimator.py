@@ -118,7 +118,8 @@ class DistributedEstimator(Estimator, EstimatorParams):
             model_bytes=result["model"], history=history, output_shapes=output_shapes,
             decode_bytes=cloudpickle.dumps(decode) if decode is not None else None,
             feature_cols=values["feature_cols"], label_cols=values["label_cols"],
-            run_id=run_id, input_shapes=values["input_shapes"])
+            run_id=run_id, input_shapes=values["input_shapes"],
+            array_padding=values["array_padding"])
         if _mlflow.wanted(values["mlflow"]):
             _mlflow.log_fit(values, fitted, history, self._mlflow_flavor, values["mlflow"])
         return fitted

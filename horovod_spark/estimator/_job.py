@@ -13,7 +13,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from horovod_spark._job.settings import PROGRESS
-from horovod_spark.estimator.data import ColumnSpec
+from horovod_spark.estimator.data import ColumnSpec, keeps_lists
 from horovod_spark.estimator.store import Store
 
 __all__ = ["TrainSpec", "FitJob", "RankData", "Progress", "append_history", "averaged"]
@@ -71,14 +71,15 @@ class RankData:
         names = list(dict.fromkeys(spec.feature_cols + spec.label_cols +
                                    ((spec.weight_col,) if spec.weight_col else ())))
         self.names = names
-        self.train = Shard(os.path.join(directory, "train.arrow"), names)
+        pads = {s.name: s.pad for s in spec.specs if keeps_lists(s)}
+        self.train = Shard(os.path.join(directory, "train.arrow"), names, pads)
         self.stream = BatchStream(self.train, spec.batch_size, spec.shuffle, spec.seed, rank)
         multiple = spec.backward_passes_per_step
         self.steps = steps_per_epoch(spec.train_rows, spec.batch_size, multiple) \
             if spec.train_steps is None else -(-spec.train_steps // multiple) * multiple
         self.val_batch_size = spec.val_batch_size or spec.batch_size
         self.val_steps = spec.val_steps
-        self.val = Shard(os.path.join(directory, "val.arrow"), names) \
+        self.val = Shard(os.path.join(directory, "val.arrow"), names, pads) \
             if spec.has_validation else None
         self.rank, self.seed = rank, spec.seed
         self.decode, self.decode_workers = None, 0

@@ -36,10 +36,12 @@ Batch = Dict[str, np.ndarray]
 class Shard:
     """One rank's rows, memory-mapped from an Arrow IPC file."""
 
-    def __init__(self, path: str, names: Optional[Sequence[str]] = None):
+    def __init__(self, path: str, names: Optional[Sequence[str]] = None,
+                 pads: Optional[Dict[str, Sequence]] = None):
         import pyarrow as pa
 
         self.path = path
+        self.pads = dict(pads or {})  # variable-length columns' rules (data.padding_rule)
         self._source = pa.memory_map(path, "r")
         reader = pa.ipc.open_file(self._source)
         self.names = list(names) if names is not None else reader.schema.names
@@ -66,7 +68,8 @@ class Shard:
 
 
 def _is_objects(array) -> bool:
-    """A column of bytes or text, kept as an Arrow array until its batch is cut."""
+    """A column of bytes, text or variable-length arrays, kept as an Arrow array until its
+    batch is cut."""
     return not isinstance(array, np.ndarray)
 
 
@@ -92,19 +95,31 @@ def _pick(v, rows: np.ndarray):
     return v[rows]
 
 
-def as_numpy(batch: Batch) -> Batch:
-    """The batch with its columns of bytes or text as numpy arrays of objects."""
+def as_numpy(batch: Batch, pads: Optional[Dict[str, Sequence]] = None) -> Batch:
+    """The batch with its columns of bytes or text as numpy arrays of objects, and its
+    variable-length arrays as their rule in `pads` says (data.padded)."""
     if not any(_is_objects(v) for v in batch.values()):
         return batch
-    return {n: v.to_numpy(zero_copy_only=False) if _is_objects(v) else v
+    return {n: _numpy(v, (pads or {}).get(n)) if _is_objects(v) else v
             for n, v in batch.items()}
+
+
+def _numpy(array, pad: Optional[Sequence]) -> np.ndarray:
+    if pad is None:
+        return array.to_numpy(zero_copy_only=False)
+    from horovod_spark.estimator.data import padded
+
+    values = array.flatten().to_numpy(zero_copy_only=False)
+    offsets = array.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+    return padded(values, offsets - offsets[0], pad)
 
 
 def _view(array):
     import pyarrow as pa
 
     if pa.types.is_binary(array.type) or pa.types.is_string(array.type) or \
-            pa.types.is_large_binary(array.type) or pa.types.is_large_string(array.type):
+            pa.types.is_large_binary(array.type) or pa.types.is_large_string(array.type) or \
+            pa.types.is_list(array.type) or pa.types.is_large_list(array.type):
         return array
     if pa.types.is_fixed_size_list(array.type):
         width = array.type.list_size
@@ -142,7 +157,7 @@ class BatchStream:
                 pending.append(piece)
                 have += len(piece[self.shard.names[0]])
             batch, pending, have = _take(pending, self.batch_size, self.shard.names)
-            yield as_numpy(batch)
+            yield as_numpy(batch, self.shard.pads)
 
     def _windows(self, pass_index: int) -> List[List[int]]:
         nblocks = len(self.shard.blocks)
@@ -200,4 +215,4 @@ def sequential_batches(shard: Shard, batch_size: int) -> Iterator[Batch]:
     for block in shard.blocks:
         rows = len(block[shard.names[0]])
         for i in range(0, rows, batch_size):
-            yield as_numpy({n: v[i:i + batch_size] for n, v in block.items()})
+            yield as_numpy({n: v[i:i + batch_size] for n, v in block.items()}, shard.pads)

@@ -20,7 +20,8 @@ from typing import Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from horovod_spark.estimator.data import OBJECT_KINDS, VALIDATION, ColumnSpec, arrow_to_numpy
+from horovod_spark.estimator.data import (OBJECT_KINDS, VALIDATION, ColumnSpec, arrow_to_numpy,
+                                          keeps_lists)
 
 __all__ = ["Census", "spill_partition", "local_dir", "feature_widths", "first_problem"]
 
@@ -89,7 +90,12 @@ def _convert(batch, specs: Sequence[ColumnSpec], census: Census):
             arrays.append(column)
             names.append(spec.name)
             continue
-        values = arrow_to_numpy(batch.column(spec.name), spec.dtype, spec.name)
+        if keeps_lists(spec):  # rows of their own lengths: padded when a batch is cut
+            arrays.append(_checked_lists(batch.column(spec.name), spec, census))
+            names.append(spec.name)
+            census.widths.setdefault(spec.name, 0)
+            continue
+        values = arrow_to_numpy(batch.column(spec.name), spec.dtype, spec.name, spec.pad)
         if values.dtype.kind == "f" and values.size and np.isnan(values.min()):
             _refuse_nan(spec, values, census)  # min() propagates NaN: one pass, no mask
         if spec.role == VALIDATION:
@@ -104,6 +110,31 @@ def _convert(batch, specs: Sequence[ColumnSpec], census: Census):
         arrays.append(pa.FixedSizeListArray.from_arrays(flat, width) if width else flat)
         names.append(spec.name)
     return pa.RecordBatch.from_arrays(arrays, names=names), mask
+
+
+def _checked_lists(column, spec: ColumnSpec, census: Census):
+    """A variable-length array column as it came, once it has no null row, no null element
+    and no NaN (ValueError naming the first such row)."""
+    import pyarrow as pa
+
+    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    first = census.train_rows + census.val_rows
+    if column.null_count:
+        row = first + int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))
+        raise ValueError(f"{spec.role} column '{spec.name}' has a null (first in row {row} of "
+                         f"partition {census.partition}); drop or fill those rows")
+    values = column.flatten()
+    bad = values.is_null().to_numpy(zero_copy_only=False) if values.null_count else None
+    if bad is None and pa.types.is_floating(values.type):
+        numbers = values.to_numpy(zero_copy_only=False)
+        bad = np.isnan(numbers) if numbers.size and np.isnan(numbers.min()) else None
+    if bad is not None:
+        offsets = column.offsets.to_numpy(zero_copy_only=False)
+        row = first + int(np.searchsorted(offsets - offsets[0], int(bad.argmax()), "right")) - 1
+        what = "a null element" if values.null_count else "NaN"
+        raise ValueError(f"{spec.role} column '{spec.name}' has {what} (first in row {row} "
+                         f"of partition {census.partition})")
+    return column
 
 
 def _refuse_nan(spec: ColumnSpec, values: np.ndarray, census: Census) -> None:
@@ -178,8 +209,9 @@ def _empty_schema(specs: Sequence[ColumnSpec]):
                                    else pa.string()))
             continue
         scalar = pa.from_numpy_dtype(np.dtype(spec.dtype))
-        fields.append(pa.field(spec.name, scalar if spec.kind == "scalar"
-                               else pa.list_(scalar, 0)))
+        fields.append(pa.field(spec.name, scalar if spec.kind == "scalar" else
+                               pa.list_(scalar) if keeps_lists(spec) else
+                               pa.list_(scalar, spec.pad[1] if spec.pad else 0)))
     return pa.schema(fields)
 
 

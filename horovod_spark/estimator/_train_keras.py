@@ -33,7 +33,7 @@ from horovod_spark.estimator import _keras_io as kio
 from horovod_spark.estimator._events import EventLog
 from horovod_spark.estimator._census import agree
 from horovod_spark.estimator._job import Progress, RankData, TrainSpec, append_history
-from horovod_spark.estimator.data import numeric
+from horovod_spark.estimator.data import keeps_lists, numeric
 
 __all__ = ["train"]
 
@@ -60,6 +60,36 @@ def _batches(spec: TrainSpec, data: RankData, user: dict, epochs: range,
     for epoch in epochs:
         for batch in data.epoch(epoch):
             yield _keras_batch(spec, batch, transform, out_shapes)
+
+
+def _loose(spec: TrainSpec, batches: Iterator[tuple]) -> Any:
+    """`batches` for Keras.  Keras fixes every dimension its generator's first two batches
+    agree on, so columns of variable-length rows (array_padding 'longest' or 'collate') go
+    as a tf.data Dataset whose signature leaves their widths open; the rest as they are."""
+    import itertools
+
+    loose = {s.name for s in spec.specs if keeps_lists(s)}
+    if not loose:
+        return batches
+    import tensorflow as tf
+
+    batches = iter(batches)
+    first = next(batches)
+
+    def signature(arrays, cols):
+        def one(a, col):
+            a = np.asarray(a)
+            return tf.TensorSpec((None,) + tuple(None if col in loose else d
+                                                 for d in a.shape[1:]), tf.as_dtype(a.dtype))
+        if isinstance(arrays, (list, tuple)):
+            return tuple(one(a, c) for a, c in zip(arrays, cols))
+        return one(arrays, cols[0])
+
+    sig = (signature(first[0], spec.feature_cols), signature(first[1], spec.label_cols)) + \
+        ((tf.TensorSpec((None,), tf.float32),) if len(first) == 3 else ())
+    stream = (tuple(tuple(p) if isinstance(p, list) else p for p in b)
+              for b in itertools.chain([first], batches))
+    return tf.data.Dataset.from_generator(lambda: stream, output_signature=sig)
 
 
 def _keras_batch(spec: TrainSpec, batch: dict, transform, out_shapes: List[tuple]) -> tuple:
@@ -116,7 +146,7 @@ def _fit(hvd, spec: TrainSpec, data: RankData, entered: float) -> Optional[Dict[
                                          spec.log_every_n_steps),
                                 data.steps, spec.batch_size, hvd.size()))
     if start < spec.epochs:
-        model.fit(_batches(spec, data, user, range(start, spec.epochs), out_shapes),
+        model.fit(_loose(spec, _batches(spec, data, user, range(start, spec.epochs), out_shapes)),
                   steps_per_epoch=data.steps, epochs=spec.epochs, initial_epoch=start,
                   verbose=0, shuffle=False, callbacks=callbacks)
     if rank != 0:
@@ -163,7 +193,8 @@ class _Validation(keras.callbacks.Callback):
         names = sorted(k for k in logs if np.ndim(logs[k]) == 0)
         values = np.zeros(len(names))
         if batches:
-            result = self.model.evaluate(_repeat(batches), steps=len(batches), verbose=0,
+            result = self.model.evaluate(_loose(self.spec, _repeat(batches)), steps=len(batches),
+                                         verbose=0,
                                          return_dict=True)
             values = np.array([float(result.get(n, np.nan)) for n in names]) * rows
         total = np.asarray(self.hvd.allreduce(np.append(values, rows), op=self.hvd.Sum,

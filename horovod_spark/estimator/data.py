@@ -38,7 +38,8 @@ from typing import Dict, Iterator, List, Optional, Sequence
 import numpy as np
 
 __all__ = ["ColumnSpec", "column_specs", "prepare", "prepare_exprs", "arrow_to_numpy",
-           "batch_from_table", "TRANSFER_CONF", "transfer_conf", "OBJECT_KINDS", "numeric"]
+           "batch_from_table", "TRANSFER_CONF", "transfer_conf", "OBJECT_KINDS", "numeric",
+           "padding_rule", "keeps_lists", "padded"]
 
 FEATURE, LABEL, WEIGHT, VALIDATION = "feature", "label", "weight", "validation"
 _TAKES = "numeric scalars, booleans, ml Vectors and arrays of numbers"
@@ -50,9 +51,74 @@ OBJECT_KINDS = ("binary", "string")
 class ColumnSpec:
     name: str
     role: str
-    kind: str            # "scalar" | "vector" | "array"
+    kind: str            # "scalar" | "vector" | "array" | "binary" | "string"
     dtype: str           # numpy dtype it trains as
     spark_type: str      # as the user's DataFrame has it, for messages
+    pad: Optional[tuple] = None  # an array column's padding rule (padding_rule)
+
+
+# -- variable-length arrays ---------------------------------------------------------------
+#: array_padding's rules, as a user writes them:
+#:   n or (n, value)                      every row padded with value (0) or cut to n values;
+#:   "longest" or ("longest", value)      each batch's rows padded to its longest row;
+#:   "collate"                            no padding: decode_fn gets the column as a numpy
+#:                                        array of 1-D arrays and collates it itself.
+_PAD_FORMS = ("n or (n, value), 'longest' or ('longest', value), or 'collate'")
+
+
+def padding_rule(name: str, rule) -> list:
+    """A user's padding rule for column `name` as a JSON list: ["to", n, value],
+    ["longest", value] or ["collate"]; ValueError saying what to write."""
+    import numbers
+
+    value = 0.0
+    if isinstance(rule, (tuple, list)) and len(rule) == 2 and \
+            isinstance(rule[1], numbers.Real) and not isinstance(rule[1], bool):
+        rule, value = rule[0], float(rule[1])
+    if rule == "collate" and value == 0.0:
+        return ["collate"]
+    if rule == "longest":
+        return ["longest", value]
+    if isinstance(rule, numbers.Integral) and not isinstance(rule, bool) and rule > 0:
+        return ["to", int(rule), value]
+    if isinstance(rule, (tuple, list)) and rule and rule[0] in ("to", "longest", "collate"):
+        return list(rule)  # already normalized (a saved model's param)
+    raise ValueError(f"array_padding for column '{name}' is {rule!r}; give {_PAD_FORMS} "
+                     f"(n a positive integer, value a number)")
+
+
+def keeps_lists(spec: ColumnSpec) -> bool:
+    """Rows of this column travel as Arrow lists of their own lengths, padded (or handed to
+    decode_fn) only when a batch is cut."""
+    return spec.pad is not None and spec.pad[0] in ("longest", "collate")
+
+
+def _list_parts(array):
+    """(values as numpy, offsets from 0) of an Arrow list or fixed-size-list array."""
+    import pyarrow as pa
+
+    if pa.types.is_fixed_size_list(array.type):
+        width = array.type.list_size
+        return array.flatten(), np.arange(len(array) + 1, dtype=np.int64) * width
+    offsets = array.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+    return array.flatten(), offsets - offsets[0]
+
+
+def padded(values: np.ndarray, offsets: np.ndarray, rule: Sequence) -> np.ndarray:
+    """Rows values[offsets[i]:offsets[i+1]] as `rule` says: a 2-D array padded with the
+    rule's value (cut at its width), or for "collate" an object array of 1-D rows."""
+    lengths = np.diff(offsets)
+    if rule[0] == "collate":
+        out = np.empty(len(lengths), dtype=object)
+        for i, row in enumerate(np.split(values, offsets[1:-1]) if len(lengths) else []):
+            out[i] = row
+        return out
+    width = int(rule[1]) if rule[0] == "to" else int(lengths.max(initial=0))
+    out = np.full((len(lengths), width), rule[-1], dtype=values.dtype)
+    cols = np.arange(width)
+    keep = cols < lengths[:, None]
+    out[keep] = values[(offsets[:-1, None] + cols)[keep]]
+    return out
 
 
 def _kind_of(data_type) -> Optional[str]:
@@ -118,8 +184,10 @@ def _dtype_for(role: str, data_type, kind: str, nominal: bool = False) -> str:
 
 def column_specs(schema, feature_cols: Sequence[str], label_cols: Sequence[str],
                  weight_col: Optional[str] = None,
-                 validation_col: Optional[str] = None) -> List[ColumnSpec]:
-    """One spec per used column; ValueError for a missing column, TypeError for a type."""
+                 validation_col: Optional[str] = None,
+                 padding: Optional[Dict[str, Sequence]] = None) -> List[ColumnSpec]:
+    """One spec per used column; ValueError for a missing column, TypeError for a type.
+    padding: array_padding's rules (padding_rule), by column."""
     wanted = [(c, FEATURE) for c in feature_cols] + [(c, LABEL) for c in label_cols]
     if weight_col:
         wanted.append((weight_col, WEIGHT))
@@ -131,6 +199,12 @@ def column_specs(schema, feature_cols: Sequence[str], label_cols: Sequence[str],
     if missing:
         raise ValueError(
             f"column(s) {missing} not in the DataFrame; its columns are {list(fields)}")
+    padding = dict(padding or {})
+    used = {c for c, _ in wanted}
+    unused = [c for c in padding if c not in used]
+    if unused:
+        raise ValueError(f"array_padding names column(s) {unused} that are not feature or "
+                         f"label columns; it takes array columns of feature_cols and label_cols")
     specs = []
     for name, role in wanted:
         data_type = fields[name]
@@ -138,9 +212,18 @@ def column_specs(schema, feature_cols: Sequence[str], label_cols: Sequence[str],
         refusal = _refusal(name, role, data_type, kind)
         if refusal is not None:
             raise TypeError(refusal)
+        pad = padding.get(name)
+        if pad is not None:
+            pad = tuple(padding_rule(name, pad))
+            if kind != "array" or role not in (FEATURE, LABEL):
+                raise TypeError(f"array_padding names {role} column '{name}' of type "
+                                f"{data_type.simpleString()}; padding is for array columns")
+            if pad[0] == "collate" and role == LABEL:
+                raise TypeError(f"array_padding gives label column '{name}' the rule "
+                                f"'collate'; a label column takes a length n or 'longest'")
         specs.append(ColumnSpec(name, role, kind,
                                 _dtype_for(role, data_type, kind, _nominal(metadata[name])),
-                                data_type.simpleString()))
+                                data_type.simpleString(), pad))
     return specs
 
 
@@ -196,9 +279,10 @@ def transfer_conf(spark) -> Iterator[None]:
                 spark.conf.set(key, value)
 
 
-def arrow_to_numpy(array, dtype: str, name: str) -> np.ndarray:
+def arrow_to_numpy(array, dtype: str, name: str, pad: Optional[Sequence] = None) -> np.ndarray:
     """A numpy view (or copy) of one Arrow column: (n,) for scalars, (n, width) for
-    lists of one width.  ValueError naming the column for nulls or ragged lists."""
+    lists of one width, lists as `pad` (padding_rule) says where there is one.
+    ValueError naming the column for nulls, or ragged lists with no rule."""
     import pyarrow as pa
 
     if isinstance(array, pa.ChunkedArray):
@@ -207,20 +291,33 @@ def arrow_to_numpy(array, dtype: str, name: str) -> np.ndarray:
         raise ValueError(f"column '{name}' has {array.null_count} null value(s)")
     if dtype == "object":  # bytes or text, for decode_fn
         return array.to_numpy(zero_copy_only=False)
+    if pad is not None and _is_list(array.type):
+        values, offsets = _list_parts(array)
+        return padded(_values(values, dtype, name), offsets, pad)
     if pa.types.is_fixed_size_list(array.type):
         width = array.type.list_size
         values = array.flatten()
-    elif pa.types.is_list(array.type) or pa.types.is_large_list(array.type):
+    elif _is_list(array.type):
         lengths = array.value_lengths().to_numpy(zero_copy_only=False)
         width = int(lengths[0]) if len(lengths) else 0
         if len(lengths) and (lengths != width).any():
             other = int(lengths[lengths != width][0])
-            raise ValueError(f"column '{name}' has arrays of different lengths "
-                             f"({width} and {other}); every row needs the same length")
+            raise ValueError(
+                f"column '{name}' has arrays of different lengths ({width} and {other}); "
+                f"pass array_padding={{'{name}': n}} (pad with 0 or cut to n values), "
+                f"{{'{name}': 'longest'}} (each batch padded to its longest row) or "
+                f"{{'{name}': 'collate'}} with a decode_fn that collates the rows")
         values = array.flatten()
     else:
         return _values(array, dtype, name)
     return _values(values, dtype, name).reshape(len(array), width)
+
+
+def _is_list(arrow_type) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_fixed_size_list(arrow_type) or pa.types.is_list(arrow_type) or \
+        pa.types.is_large_list(arrow_type)
 
 
 def _values(array, dtype: str, name: str) -> np.ndarray:
@@ -235,6 +332,12 @@ def numeric(array: np.ndarray, name: str) -> np.ndarray:
     bytes or text (a binary or string column that no decode_fn turned into numbers)."""
     if array.dtype == object:
         first = array[0] if len(array) else None
+        if isinstance(first, np.ndarray):
+            raise TypeError(f"feature column '{name}' holds rows of their own lengths "
+                            f"(array_padding 'collate'), which the model can't take: decode_fn "
+                            f"must return batch['{name}'] as one array (pad the rows to one "
+                            f"length, e.g. with np.stack after padding), or give the column "
+                            f"a length n or 'longest' in array_padding")
         what = "bytes" if isinstance(first, (bytes, bytearray)) else \
             "text" if isinstance(first, str) else f"{type(first).__name__} objects"
         raise TypeError(f"feature column '{name}' holds {what}, which the model can't take: "
@@ -249,5 +352,6 @@ def batch_from_table(table, specs: Sequence[ColumnSpec]) -> Dict[str, np.ndarray
     out = {}
     for spec in specs:
         if spec.name not in out:
-            out[spec.name] = arrow_to_numpy(table.column(spec.name), spec.dtype, spec.name)
+            out[spec.name] = arrow_to_numpy(table.column(spec.name), spec.dtype, spec.name,
+                                            spec.pad)
     return out

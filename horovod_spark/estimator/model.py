@@ -75,7 +75,8 @@ class EstimatorModel(Model, ModelParams, MLWritable, MLReadable):
         feature_cols = self.getOrDefault("feature_cols")
         if not feature_cols:
             raise ValueError(f"{type(self).__name__} has no feature_cols")
-        specs = column_specs(dataset.schema, feature_cols, [])
+        specs = column_specs(dataset.schema, feature_cols, [],
+                             padding=self._feature_padding(feature_cols))
         shapes = self._output_shapes or self._probe_output_shapes(dataset, specs)
         out_cols = self.getOutputCols()
         if len(out_cols) != len(shapes):
@@ -89,13 +90,18 @@ class EstimatorModel(Model, ModelParams, MLWritable, MLReadable):
             out = out.withColumn(name, array_to_vector(col) if _is_vector(shape) else col)
         return out.drop(tmp)
 
+    def _feature_padding(self, feature_cols: Sequence[str]) -> Dict[str, Any]:
+        """The fit's array_padding for the feature columns (labels are not read here)."""
+        padding = self.getOrDefault("array_padding") or {}
+        return {c: rule for c, rule in padding.items() if c in feature_cols}
+
     def _prediction_udf(self, spark, specs, shapes, out_cols):
         from pyspark.sql import types as T
 
         fields = [T.StructField(n, T.ArrayType(T.DoubleType(), False) if _is_vector(s)
                                 else T.DoubleType(), False) for n, s in zip(out_cols, shapes)]
         fn = _partition_predictor(self._model_broadcast(spark), self._predictor_factory(),
-                                  [(s.name, s.dtype) for s in specs], shapes, out_cols,
+                                  [(s.name, s.dtype, s.pad) for s in specs], shapes, out_cols,
                                   self.getOrDefault("batch_size"), self._decode_bytes)
         with warnings.catch_warnings():  # "prefer type hints": the arity varies per model
             warnings.simplefilter("ignore", UserWarning)
@@ -142,7 +148,8 @@ class EstimatorModel(Model, ModelParams, MLWritable, MLReadable):
             raise ValueError("cannot find the model's output shape from an empty DataFrame")
         predict = self._predictor_factory()(self._model_bytes)
         outs = predict(_features(_decoder(self._decode_bytes), [
-            (s.name, arrow_to_numpy(table.column(s.name), s.dtype, s.name)) for s in specs]))
+            (s.name, arrow_to_numpy(table.column(s.name), s.dtype, s.name, s.pad))
+            for s in specs]))
         self._output_shapes = [list(o.shape[1:]) for o in outs]
         return self._output_shapes
 
@@ -192,10 +199,11 @@ def _partition_predictor(broadcast, make_predictor, columns, shapes, out_cols, b
         decode = _decoder(decode_bytes)
         for arrays in batches:
             arrays = arrays if isinstance(arrays, tuple) else (arrays,)
-            features = [arrow_to_numpy(a, dtype, name) for a, (name, dtype) in zip(arrays, columns)]
+            features = [arrow_to_numpy(a, dtype, name, pad)
+                        for a, (name, dtype, pad) in zip(arrays, columns)]
             n = len(features[0])
             parts = [predict(_features(decode, [(name, f[i:i + batch_size])
-                                                for (name, _), f in zip(columns, features)]))
+                                                for (name, *_), f in zip(columns, features)]))
                      for i in range(0, n, batch_size)] or \
                 [[np.zeros((0,) + tuple(s)) for s in shapes]]
             outs = [np.concatenate([p[k] for p in parts]) for k in range(len(shapes))]

@@ -105,6 +105,17 @@ def _to_optional_nonnegative_int(value: Any):
     return value
 
 
+def _to_padding(value: Any) -> Any:
+    from horovod_spark.estimator.data import padding_rule
+
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise TypeError(f"array_padding must be a dict of column name -> rule, got "
+                        f"{type(value).__name__}")
+    return {str(name): padding_rule(str(name), rule) for name, rule in value.items()}
+
+
 def _to_backend(value: Any) -> Any:
     from horovod_spark.estimator.backend import to_backend
 
@@ -165,6 +176,11 @@ _TRAINING: Dict[str, Tuple[str, Callable[[Any], Any], Any]] = {
     "decode_workers": ("threads that run decode_fn on each rank, ahead of the training step; "
                        "default: the rank's share of its host's cores (1-4); 0: on the "
                        "training thread", _to_optional_nonnegative_int, None),
+    "array_padding": ("variable-length array columns, column name -> rule: n or (n, value) "
+                      "pads every row with value (default 0) or cuts it to n values; "
+                      "'longest' or ('longest', value) pads each batch to its longest row; "
+                      "'collate' hands decode_fn the rows as an array of 1-D arrays to "
+                      "collate itself.  In training and Model.transform", _to_padding, None),
     "use_gpu": ("train on the rank's GPU when it has one", TypeConverters.toBoolean, True),
     "backward_passes_per_step": ("batches whose gradients are accumulated locally before "
                                  "one allreduce and optimizer step",
@@ -238,6 +254,7 @@ _MODEL: Dict[str, Tuple[str, Callable[[Any], Any], Any]] = {
     "batch_size": ("rows per prediction batch", _to_positive_int("batch_size"), 1024),
     "run_id": ("the run this model came from", _to_optional_string, None),
     "input_shapes": _TRAINING["input_shapes"],
+    "array_padding": _TRAINING["array_padding"],
 }
 
 

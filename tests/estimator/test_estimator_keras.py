@@ -85,3 +85,31 @@ def test_png_bytes_train_a_keras_model_through_decode_fn_and_it_predicts_on_them
     pixels = (data.data[:32] * 255 / 16).astype(np.uint8).astype(np.float32) / 255.0
     want = model.getModel().predict_on_batch(pixels)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_token_lists_of_their_own_lengths_train_a_keras_model_padded_to_each_batch(spark,
+                                                                                  tmp_path):
+    """array_padding in KerasEstimator: each batch padded to its longest row with a padding
+    token the embedding masks, in training and in transform."""
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    rows = [([int(j) for j in np.flatnonzero(data.data[i] > 4)], int(data.target[i]))
+            for i in range(400)]
+    df = spark.createDataFrame(spark.sparkContext.parallelize(rows, 2),
+                               "tokens array<int>, label bigint")
+    keras.utils.set_random_seed(0)
+    net = keras.Sequential([keras.Input((None,)),
+                            keras.layers.Embedding(65, 16, mask_zero=False),
+                            keras.layers.GlobalAveragePooling1D(),
+                            keras.layers.Dense(10, activation="softmax")])
+    model = _classifier(str(tmp_path), model=net, feature_cols=["tokens"], epochs=6,
+                        array_padding={"tokens": ("longest", 64)}, validation=0.2).fit(df)
+    assert model.getHistory()["accuracy"][-1] > 0.6, model.getHistory()
+    assert model.getHistory()["val_loss"][-1] < model.getHistory()["val_loss"][0]
+    out = model.transform(df.limit(16)).select("tokens", "label__output").collect()
+    got = np.array([r.label__output.toArray() for r in out])
+    width = max(len(r.tokens) for r in out)
+    padded = np.array([r.tokens + [64] * (width - len(r.tokens)) for r in out], np.float32)
+    np.testing.assert_allclose(got, model.getModel().predict_on_batch(padded),
+                               rtol=1e-5, atol=1e-5)
