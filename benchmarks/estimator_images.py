@@ -14,6 +14,14 @@ Adam, 2 epochs, num_proc=2 on local[2].  Variants:
   inline      binary column + decode_fn, decode_workers=0 (on the training thread)
   decoded     an array<float> column of the 4096 pixels, no decode (the ceiling: what
               training costs when decoding is free)
+  parquet     what users fall back to without an estimator: the PNG DataFrame written to
+              Parquet, then pyspark's TorchDistributor (DDP over Gloo) with a torch
+              DataLoader over pyarrow on each rank, decoding in `workers` loader processes
+
+Petastorm (``make_spark_converter``, the Databricks docs' way before this package) is not an
+arm: its last release (0.13.1, 2023) imports only with pyarrow < 14 (it uses
+``pyarrow.filesystem`` and ParquetDataset's legacy arguments), and pyspark 4's
+TorchDistributor refuses pyarrow < 18 (``mapInArrow``), so the two cannot run together.
 
 Samples/s per rank are from rank 0's training time (``train_seconds``: the epochs alone, not
 the spill or the start).  The machine is shared: the JSON under benchmarks/results/ records
@@ -38,7 +46,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 from _peers import load  # noqa: E402
 from _table import write_json  # noqa: E402
 
-VARIANTS = ("threads", "inline", "decoded")
+VARIANTS = ("threads", "inline", "decoded", "parquet")
 
 
 def _images(n: int, seed: int = 0):
@@ -82,9 +90,79 @@ def _net():
         torch.nn.Flatten(), torch.nn.Linear(16 * 16 * 16, 10))
 
 
+def parquet_train(path: str, steps: int, batch: int, workers: int) -> dict:
+    """The `parquet` arm's rank (under TorchDistributor): a DataLoader over this rank's
+    Parquet files, PNGs decoded in its worker processes, DDP over Gloo."""
+    import glob
+    import io
+    import time
+
+    import numpy as np
+    import pyarrow.parquet as pq
+    import torch
+    import torch.distributed as dist
+    from PIL import Image
+
+    dist.init_process_group("gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(1)
+    files = sorted(glob.glob(f"{path}/*.parquet"))[rank::size]
+
+    class Rows(torch.utils.data.IterableDataset):
+        def __iter__(self):  # every epoch again; each loader worker decodes its share
+            info = torch.utils.data.get_worker_info()
+            wid, nw = (info.id, info.num_workers) if info else (0, 1)
+            while True:
+                for f in files:
+                    table = pq.read_table(f, columns=["image", "label"])
+                    images, labels = table["image"].to_pylist(), table["label"].to_pylist()
+                    for i in range(wid * batch, len(images), nw * batch):
+                        for b, y in zip(images[i:i + batch], labels[i:i + batch]):
+                            pixels = np.asarray(Image.open(io.BytesIO(b)), np.float32)[None]
+                            yield torch.from_numpy(pixels / 255.0), y
+
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(_net())
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    loader = torch.utils.data.DataLoader(Rows(), batch_size=batch, num_workers=workers)
+    began, loss = None, float("nan")
+    for i, (x, y) in enumerate(loader):
+        if i == 1:
+            began = time.perf_counter()
+        opt.zero_grad()
+        out = loss_fn(model(x), y)
+        out.backward()
+        opt.step()
+        loss = out.item()
+        if i + 1 >= steps:
+            break
+    seconds = time.perf_counter() - began
+    dist.destroy_process_group()
+    return {"train_s": seconds, "samples": (steps - 1) * batch, "loss": loss}
+
+
+def fit_parquet(frames: dict, epochs: int, batch: int, np_: int, workers: int) -> dict:
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    rows = frames["rows"]
+    steps = -(-rows // (np_ * batch)) * epochs
+    began = time.perf_counter()
+    path = tempfile.mkdtemp(prefix="hvs-bench-parquet-")
+    frames["png"].write.mode("overwrite").parquet(path)
+    result = TorchDistributor(num_processes=np_, local_mode=False, use_gpu=False).run(
+        parquet_train, path, steps, batch, workers)
+    return {"samples_per_s_per_rank": result["samples"] / result["train_s"],
+            "train_s": result["train_s"], "fit_s": time.perf_counter() - began,
+            "final_loss": result["loss"]}
+
+
 def fit(variant: str, frames: dict, epochs: int, batch: int, np_: int = 2,
         workers: int = 2) -> dict:
     import torch
+
+    if variant == "parquet":
+        return fit_parquet(frames, epochs, batch, np_, workers)
 
     from horovod_spark.estimator import TorchEstimator
 
