@@ -6,7 +6,7 @@ and runs with as many as there are between `min_np` and `max_np`, waiting up to
 `start_timeout` (first attempt) or `elastic_timeout` (later ones) for `min_np`.  The
 *keeper* puts the world record and the last committed state in the attempt's job store
 before its ranks start, and takes the committed state back when the attempt ends, so it
-outlives the ranks (see `horovod_spark._elastic` for the rank side).  A failure of the
+outlives the ranks (see `horovod_spark.common.elastic` for the rank side).  A failure of the
 world (a rank that died, a lost executor or peer) *resets* the job: the next attempt
 starts from the last commit, after at most `reset_limit` resets.  A failure of the
 function itself (its own exception, a result too large, the job's timeout) is raised at
@@ -22,7 +22,7 @@ from typing import Callable, List, Optional, Tuple
 from collectives.errors import describe
 from collectives.launch.record import Failure
 
-from .._elastic import World, commit_key, world_key
+from ..common.elastic import World, commit_key, world_key
 from . import checks
 from .failure import JobFailedError
 

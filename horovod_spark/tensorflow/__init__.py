@@ -11,7 +11,7 @@ inside XLA-compiled functions).  For Keras, see `horovod_spark.keras`.
 """
 from __future__ import annotations
 
-from collectives.errors import CollectiveError as HorovodInternalError
+from ..common.exceptions import HorovodInternalError
 from collectives.errors import (CollectiveError, CollectiveTimeout, MismatchError, NotSupported,
                                 PeerLostError)
 

@@ -1,12 +1,12 @@
 """Process-global state of `horovod_spark.tensorflow`: Horovod's basics over one HorovodState.
 
-See `horovod_spark._hvd` for what init() and shutdown() do; every op of
+See `horovod_spark.common.basics` for what init() and shutdown() do; every op of
 this package goes through the state's fusion engine.  init() imports
 TensorFlow only on a rank with an assigned GPU, to pin it.
 """
 from __future__ import annotations
 
-from .._hvd import HorovodState
+from ..common.basics import HorovodState
 
 __all__ = ["init", "shutdown", "is_initialized", "communicator", "engine", "rank", "size",
            "local_rank", "local_size", "cross_rank", "cross_size", "is_homogeneous",
@@ -18,7 +18,7 @@ def _pin_gpu() -> None:
     tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU"), which still works), so a
     rank does not take memory on its host neighbours' GPUs.  TensorFlow refuses once it
     has initialized its devices: then the script's own call decides."""
-    from .._hvd import gpu_ordinal
+    from ..common.basics import gpu_ordinal
 
     ordinal = gpu_ordinal()
     if ordinal is None:
@@ -46,7 +46,7 @@ add_process_set, remove_process_set = STATE.add_process_set, STATE.remove_proces
 
 def view(process_set, what: str):
     """The process set an op runs on: None for the global set, else its view
-    (`horovod_spark._psets.SetView`).
+    (`horovod_spark.common.process_sets.SetView`).
 
     Raises:
         ValueError: not a registered set, or this rank is not one of its members.

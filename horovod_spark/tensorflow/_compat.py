@@ -1,11 +1,11 @@
 """Horovod's build and runtime queries, answered for this package.
 
-The framework-free ones live in `horovod_spark._hvd`; only the CUDA / ROCm
+The framework-free ones live in `horovod_spark.common.basics`; only the CUDA / ROCm
 build questions depend on the framework.
 """
 from __future__ import annotations
 
-from .._hvd import ccl_built, ddl_built, gloo_built, gloo_enabled, mpi_built, nccl_built
+from ..common.basics import ccl_built, ddl_built, gloo_built, gloo_enabled, mpi_built, nccl_built
 from ._basics import STATE
 
 __all__ = ["mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",

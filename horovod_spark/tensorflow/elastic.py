@@ -11,9 +11,9 @@ from typing import Any, List, Optional
 
 import numpy as np
 
-from .._elastic import HostsUpdatedInterrupt, State
-from .._elastic import ObjectState as _ObjectState
-from .._elastic import run
+from ..common.elastic import HostsUpdatedInterrupt, State
+from ..common.elastic import ObjectState as _ObjectState
+from ..common.elastic import run
 from . import _basics
 from .functions import broadcast_object, broadcast_variables
 

@@ -21,7 +21,7 @@ import tensorflow as tf
 from collectives import ReduceOp
 from collectives.adasum import ADASUM, check_world, is_adasum
 
-from .._psets import ProcessSet
+from ..common.process_sets import ProcessSet
 from . import _basics, _kernels, _lane_op
 from ._bridge import call, from_wire, op_name, to_wire
 from ._errors import InvalidArgument

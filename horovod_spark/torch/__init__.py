@@ -13,7 +13,7 @@ communicator's GPU backend) are accepted.
 """
 from __future__ import annotations
 
-from collectives.errors import CollectiveError as HorovodInternalError
+from ..common.exceptions import HorovodInternalError
 from collectives.errors import (CollectiveError, CollectiveTimeout, MismatchError, NotSupported,
                                 PeerLostError)
 

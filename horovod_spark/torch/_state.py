@@ -1,6 +1,6 @@
 """Process-global state of `horovod_spark.torch`: Horovod's basics over one HorovodState.
 
-See `horovod_spark._hvd` for what init() and shutdown() do; every op of
+See `horovod_spark.common.basics` for what init() and shutdown() do; every op of
 this package goes through the state's fusion engine.  Per-step metrics are kept
 here too: `DistributedOptimizer.step` records its step time and the time it
 waited for gradients.
@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Optional
 
-from .._hvd import HorovodState
+from ..common.basics import HorovodState
 from ._errors import InvalidArgument
 
 __all__ = ["init", "shutdown", "is_initialized", "engine", "submit", "refused_as_invalid_argument",
@@ -37,7 +37,7 @@ def _on_init() -> None:
 def _pin_gpu() -> None:
     """On a Spark task's GPU, make it torch's current device (what Horovod scripts do with
     torch.cuda.set_device(hvd.local_rank()): that line still works, and is now optional)."""
-    from .._hvd import gpu_ordinal
+    from ..common.basics import gpu_ordinal
 
     ordinal = gpu_ordinal()
     if ordinal is None:

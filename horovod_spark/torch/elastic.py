@@ -27,9 +27,9 @@ from typing import Any, Dict
 
 import torch
 
-from .._elastic import HostsUpdatedInterrupt, State
-from .._elastic import ObjectState as _ObjectState
-from .._elastic import run
+from ..common.elastic import HostsUpdatedInterrupt, State
+from ..common.elastic import ObjectState as _ObjectState
+from ..common.elastic import run
 from . import _state
 from .functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
 

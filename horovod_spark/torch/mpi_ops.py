@@ -24,7 +24,7 @@ from collectives.adasum import ADASUM, is_adasum
 from collectives.errors import NotSupported
 from collectives.types import ReduceOp
 
-from .._psets import ProcessSet
+from ..common.process_sets import ProcessSet
 from . import _state
 from . import adasum as _adasum
 from ._errors import InvalidArgument

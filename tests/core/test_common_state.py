@@ -1,4 +1,4 @@
-"""The Horovod basics shared by the adapters (horovod_spark._hvd), through the torch adapter."""
+"""The Horovod basics shared by the adapters (horovod_spark.common.basics), through the torch adapter."""
 import pickle
 
 import cloudpickle

@@ -52,6 +52,12 @@ TWINS = {
                                    ["Store", "LocalStore", "HDFSStore", "DBFSLocalStore"]),
     "horovod.spark.common.backend": ("horovod_spark.estimator.backend", ["SparkBackend"]),
     "horovod.spark.common.params": ("horovod_spark.estimator.params", ["EstimatorParams"]),
+    "horovod.common.exceptions": ("horovod_spark.common.exceptions",
+                                  ["HorovodInternalError", "HostsUpdatedInterrupt"]),
+    "horovod.common.process_sets": ("horovod_spark.common.process_sets",
+                                    ["ProcessSet"]),
+    "horovod.common.elastic": ("horovod_spark.common.elastic", ["State", "ObjectState", "run"]),
+    "horovod.common.basics": ("horovod_spark.common.basics", []),
 }
 NO_TWIN_YET = {"horovod.spark.lightning"}
 TF = {name for name in TWINS if "tensorflow" in name or "keras" in name}

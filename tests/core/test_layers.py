@@ -220,3 +220,18 @@ def test_no_import_cycle_among_the_packages_modules():
 
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_horovod_core_imports_no_framework_and_no_adapter():
+    """horovod_spark/common is what the torch, TensorFlow and Keras adapters share: it
+    imports none of them, and no framework at module level."""
+    adapters = {"torch", "tensorflow", "keras"}
+    bad = []
+    for p in (ROOT / "horovod_spark" / "common").rglob("*.py"):
+        bad += [f"{p.relative_to(ROOT)} imports {m} at module level"
+                for m in _top_level(p) if m in FRAMEWORKS]
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level >= 2 and \
+                    (node.module or "").split(".")[0] in adapters:
+                bad.append(f"{p.relative_to(ROOT)}:{node.lineno} imports the adapter {node.module}")
+    assert not bad, bad

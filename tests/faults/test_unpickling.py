@@ -56,7 +56,7 @@ REVIEWED = {
     ("horovod_spark/torch/functions.py", "allgather_object"): MESH,
     ("horovod_spark/tensorflow/_kernels.py", "broadcast_object"): MESH,
     ("horovod_spark/tensorflow/_kernels.py", "allgather_object"): MESH,
-    ("horovod_spark/_elastic.py", "run"): "the state rank 0 of an earlier attempt committed: "
+    ("horovod_spark/common/elastic.py", "run"): "the state rank 0 of an earlier attempt committed: "
                                           "written to and read back from the job's store over "
                                           + AUTH_STORE + " (the driver keeps it unread)",
 }

@@ -25,8 +25,8 @@ import collectives
 from collectives.fusion import FusionEngine
 from collectives.logs import apply_log_level
 
-from . import progress
-from ._psets import ProcessSet, ProcessSetTable, SetView
+from .. import progress
+from .process_sets import ProcessSet, ProcessSetTable, SetView
 
 __all__ = ["HorovodState", "gpu_ordinal", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built",
            "ddl_built", "ccl_built"]
@@ -96,7 +96,7 @@ class HorovodState:
         self._start_process_sets(process_sets)
 
     def _start_process_sets(self, process_sets) -> None:
-        from ._job.settings import DYNAMIC_PROCESS_SETS
+        from .._job.settings import DYNAMIC_PROCESS_SETS
 
         dynamic = isinstance(process_sets, str)
         if dynamic and process_sets != "dynamic":
@@ -111,7 +111,7 @@ class HorovodState:
             raise TypeError(f"init(comm=...) takes a collectives.Communicator, got "
                             f"{type(comm).__name__}; MPI sub-communicators are not supported")
         comm = comm if comm is not None else collectives.init(config)
-        from ._job.logchannel import forward_warnings
+        from .._job.logchannel import forward_warnings
 
         config = config if config is not None else comm.config
         for name in ("collectives", "horovod_spark"):  # under a Spark task: to the driver
