@@ -28,7 +28,7 @@ from collectives.logs import apply_log_level
 from .. import progress
 from .process_sets import ProcessSet, ProcessSetTable, SetView
 
-__all__ = ["HorovodState", "gpu_ordinal", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built",
+__all__ = ["HorovodState", "BASICS", "gpu_ordinal", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built",
            "ddl_built", "ccl_built"]
 
 log = logging.getLogger("horovod_spark")
@@ -46,6 +46,13 @@ def gpu_ordinal() -> "Optional[int]":
 
 def _state_of(module: str) -> "HorovodState":
     return importlib.import_module(module).STATE
+
+
+#: Horovod's basics: the names every adapter module takes from its state (HorovodState.bind)
+BASICS = ("init", "shutdown", "is_initialized", "communicator", "engine", "rank", "size",
+          "local_rank", "local_size", "cross_rank", "cross_size", "is_homogeneous",
+          "start_timeline", "stop_timeline", "global_process_set", "add_process_set",
+          "remove_process_set")
 
 
 class HorovodState:
@@ -73,6 +80,12 @@ class HorovodState:
 
     def __reduce__(self):
         return _state_of, (self.module,)
+
+    def bind(self, namespace: dict) -> None:
+        """Horovod's basics (BASICS) as names of an adapter's module, this state's own:
+        `STATE.bind(globals())` makes its hvd.init, hvd.rank, hvd.global_process_set..."""
+        for name in BASICS:
+            namespace[name] = getattr(self, name)
 
     @property
     def not_initialized(self) -> str:

@@ -35,13 +35,7 @@ def _pin_gpu() -> None:
 
 STATE = HorovodState("horovod_spark.tensorflow", __name__, on_init=_pin_gpu, lane=True)
 
-init, shutdown, is_initialized = STATE.init, STATE.shutdown, STATE.is_initialized
-communicator, engine = STATE.communicator, STATE.engine
-rank, size, local_rank, local_size = STATE.rank, STATE.size, STATE.local_rank, STATE.local_size
-cross_rank, cross_size, is_homogeneous = STATE.cross_rank, STATE.cross_size, STATE.is_homogeneous
-start_timeline, stop_timeline = STATE.start_timeline, STATE.stop_timeline
-global_process_set = STATE.global_process_set
-add_process_set, remove_process_set = STATE.add_process_set, STATE.remove_process_set
+STATE.bind(globals())  # init, shutdown, rank, size, ... (common.basics.BASICS)
 
 
 def view(process_set, what: str):
