@@ -16,7 +16,7 @@ from ._version import __version__
 from .launch.rankenv import RankEnv
 from .logs import apply_log_level
 from .communicator import Communicator, Work
-from .config import Config
+from .settings import Config
 from .errors import (AuthenticationError, CollectiveError, CollectiveTimeout, MismatchError,
                      NotSupported, PeerLostError)
 from .types import DType, ReduceOp

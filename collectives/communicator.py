@@ -18,7 +18,7 @@ import numpy as np
 
 from . import _buffers as B
 from .backends.base import Backend
-from .config import Config
+from .settings import Config
 from .errors import CollectiveError, MismatchError, describe
 from .types import DType, ReduceOp
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from .._gpu import NCCL_INSTALL_HINT as INSTALL_HINT
 from .._gpu import DeviceBuffer, current_stream, device_buffer, import_cupy_nccl
-from ..config import Config
+from ..settings import Config
 from ..errors import CollectiveError, CollectiveTimeout, NotSupported, describe
 from ..types import DType, ReduceOp, numpy_of_dtype
 from . import _nccl_types as T

@@ -16,7 +16,7 @@ import pytest
 
 from _gpu_support import requires_nccl, requires_torch_cuda
 
-from collectives.config import Config
+from collectives.settings import Config
 from collectives.errors import CollectiveError
 from collectives.types import DType, ReduceOp, numpy_of_dtype
 
