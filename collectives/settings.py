@@ -6,7 +6,7 @@ process that reads it ("driver": the one that calls `run` or `fit`; "task": the
 Spark task and its zygote; "rank": `collectives.init()`) reads it when it starts
 and passes the typed value down.  A *contract* variable is one a launcher sets
 for the rank process (RankEnv reads those as one record).  horovod_spark's own
-rows use the same `Setting` (horovod_spark/_job/settings.py); the README and
+rows use the same `Setting` (horovod_spark/settings.py); the README and
 docs/architecture.md list these tables, and a test holds them to it.
 """
 from __future__ import annotations

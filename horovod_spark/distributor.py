@@ -154,7 +154,7 @@ class TorchDistributor:
 
     def _launch(self, main: Callable, args: tuple, kwargs: dict):
         from ._job.driver import JobOptions
-        from ._job.settings import DriverSettings
+        from .settings import DriverSettings
         from .runner import _launch, _start_timeout
 
         env = self.env + self._gpu_env()

@@ -17,7 +17,7 @@ from . import progress
 from ._job.driver import JobFailedError, JobOptions, run_on_driver, run_on_spark
 from ._job.session import get_session
 from ._job.cluster import Cluster
-from ._job.settings import DriverSettings
+from .settings import DriverSettings
 
 __all__ = ["HorovodRunner", "run", "run_elastic", "JobFailedError"]
 

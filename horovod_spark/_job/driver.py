@@ -30,7 +30,7 @@ from .failure import JobFailedError, failure_of
 from .logchannel import LineSink, LogServer
 from .pickling import code_files, pickle_job
 from .quiet import failure_logs_off
-from .settings import DriverSettings
+from ..settings import DriverSettings
 from .watch import Watch
 from .task import TaskSpec, run_task
 from .._c10d_autoload import Armed

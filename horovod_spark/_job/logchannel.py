@@ -50,7 +50,7 @@ from collectives.launch.record import Failure
 from collectives.rendezvous.accept import AcceptGate, accept_loop
 
 from ..progress.marks import CALLBACK_MARK  # a line a rank wrote with `log_to_driver`
-from .settings import LOG_CALLBACK
+from ..settings import LOG_CALLBACK
 
 __all__ = ["LogServer", "LogClient", "LineSink", "log_to_driver", "forward_warnings",
            "failure_marker", "failure_markers", "marked_failure", "compact_record",

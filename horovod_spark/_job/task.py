@@ -49,7 +49,7 @@ from collectives.launch.procs import kept, pump, stop_kept
 from collectives.launch.record import Failure, RankResult, signal_name
 
 from .logchannel import CALLBACK_MARK, LogClient, marked_failure, split_lines
-from .settings import WARM_START
+from ..settings import WARM_START
 
 __all__ = ["TaskSpec", "run_task"]
 

@@ -109,7 +109,7 @@ class HorovodState:
         self._start_process_sets(process_sets)
 
     def _start_process_sets(self, process_sets) -> None:
-        from .._job.settings import DYNAMIC_PROCESS_SETS
+        from ..settings import DYNAMIC_PROCESS_SETS
 
         dynamic = isinstance(process_sets, str)
         if dynamic and process_sets != "dynamic":

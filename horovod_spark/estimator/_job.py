@@ -12,7 +12,7 @@ import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from horovod_spark._job.settings import PROGRESS
+from horovod_spark.settings import PROGRESS
 from horovod_spark.estimator.data import ColumnSpec, keeps_lists
 from horovod_spark.estimator.store import Store
 

@@ -87,7 +87,7 @@ def _stage(spark, df, num_proc: int, job: FitJob, verbose: int):
     from horovod_spark import progress
     from horovod_spark._job.driver import BarrierJob, JobOptions, value_of
     from horovod_spark._job.quiet import failure_logs_off
-    from horovod_spark._job.settings import DriverSettings
+    from horovod_spark.settings import DriverSettings
 
     display = progress.Display(verbose)  # the progress bar, from the ranks' records
     shown = display.enabled

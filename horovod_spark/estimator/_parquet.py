@@ -27,7 +27,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from horovod_spark._job.settings import PARQUET_DIRECT
+from horovod_spark.settings import PARQUET_DIRECT
 from horovod_spark.estimator.data import ColumnSpec
 
 __all__ = ["plan", "read_share", "sample", "Plan"]

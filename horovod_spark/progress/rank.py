@@ -42,7 +42,7 @@ import threading
 import time
 from typing import Any, Callable, List, Optional
 
-from .._job.settings import LOG_CALLBACK, PROGRESS
+from ..settings import LOG_CALLBACK, PROGRESS
 from .marks import CALLBACK_MARK, ENABLED, PROGRESS_MARK
 
 __all__ = ["report", "keras_callback", "Tracked", "PROGRESS_MARK", "ENABLED",

@@ -36,7 +36,7 @@ from collectives.fusion import lane as fusion_lane
 
 from . import _basics
 from ._graph import check_not_xla, ordered
-from .._job.settings import CACHE, TF_LANE
+from ..settings import CACHE, TF_LANE
 
 __all__ = ["enabled", "allreduce"]
 

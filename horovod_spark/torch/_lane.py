@@ -26,7 +26,7 @@ import torch
 from collectives.fusion.lane import codes as lane_codes
 from collectives.types import ReduceOp
 
-from .._job.settings import TORCH_LANE
+from ..settings import TORCH_LANE
 from . import _state
 
 __all__ = ["allreduce", "MAX_SLOTS"]

@@ -235,3 +235,18 @@ def test_the_horovod_core_imports_no_framework_and_no_adapter():
                     (node.module or "").split(".")[0] in adapters:
                 bad.append(f"{p.relative_to(ROOT)}:{node.lineno} imports the adapter {node.module}")
     assert not bad, bad
+
+
+def test_the_adapters_and_the_rank_progress_never_reach_into_the_job_machinery():
+    """horovod_spark/_job is the driver's and the task's; what runs in a rank's training
+    code (the torch, TensorFlow and Keras adapters, progress/) reads its switches from
+    horovod_spark/settings.py, never from _job."""
+    bad = []
+    for sub in ("torch", "tensorflow", "keras", "progress"):
+        for p in (ROOT / "horovod_spark" / sub).rglob("*.py"):
+            for node in ast.walk(ast.parse(p.read_text())):
+                if isinstance(node, ast.ImportFrom) and "_job" in (node.module or "").split("."):
+                    bad.append(f"{p.relative_to(ROOT)}:{node.lineno} imports {node.module}")
+                if isinstance(node, ast.Import) and any("._job" in a.name for a in node.names):
+                    bad.append(f"{p.relative_to(ROOT)}:{node.lineno} imports _job")
+    assert not bad, bad

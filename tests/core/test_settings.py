@@ -12,8 +12,8 @@ import pytest
 
 from collectives import Config
 from collectives.settings import CONTRACT, SETTINGS, Setting, parse_bool
-from horovod_spark._job import settings
-from horovod_spark._job.settings import DriverSettings, table
+from horovod_spark import settings
+from horovod_spark.settings import DriverSettings, table
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 #: Set for every rank for scripts to read (docs/configuration.md says so), and setup.py's build switch.
