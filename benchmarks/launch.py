@@ -157,7 +157,7 @@ def measure(np_: int, reps: int, cases, connect: bool = False, fresh: bool = Fal
     from pyspark.ml.torch.distributor import TorchDistributor
 
     import horovod_spark
-    from horovod_spark._job.cluster import Cluster
+    from horovod_spark._job import Cluster
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     spark_cloudpickle.register_pickle_by_value(sys.modules[__name__])

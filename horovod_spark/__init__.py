@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from collectives import __version__
 
-from ._job.driver import JobFailedError
-from ._job.logchannel import log_to_driver
-from ._job.elastic import NotEnoughSlotsError, ResetLimitError
+from ._job import JobFailedError, NotEnoughSlotsError, ResetLimitError, log_to_driver
 from .distributor import TorchDistributor
 from .runner import HorovodRunner, run, run_elastic
 

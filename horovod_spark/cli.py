@@ -114,7 +114,7 @@ def _is_python(word: str) -> bool:
 
 
 def _session(master: Optional[str], np_: int, conf: dict, remote: Optional[str] = None):
-    from ._job.session import get_session
+    from ._job import get_session
 
     if master is None and remote is None:
         return get_session(np_, conf=conf)
@@ -130,7 +130,7 @@ def _session(master: Optional[str], np_: int, conf: dict, remote: Optional[str] 
 
 
 def _run(ns) -> int:
-    from ._job.driver import JobFailedError
+    from ._job import JobFailedError
 
     script, args = _script(ns)
     env, conf = _pairs("--env", ns.env), _pairs("--conf", ns.conf)
@@ -145,7 +145,7 @@ def _run(ns) -> int:
                        "--elastic-timeout make an elastic job, which resumes from its last "
                        "commit: pass one or the other")
     if ns.mpi:
-        from ._job.mpirun import run_mpi
+        from ._job import run_mpi
 
         return run_mpi(abs(ns.np), script, args, env={**os.environ, **env})
     fn = script_main(script, args)

@@ -68,7 +68,7 @@ class TorchDistributor:
                  _ssl_conf: str = _TORCH_SSL_CONF, *, timeout: Optional[float] = None,
                  max_restarts: int = 0, verbose: int = 1,
                  env: Optional[Mapping[str, str]] = None) -> None:
-        from ._job.session import get_session
+        from ._job import get_session
         from .runner import _env_items, _job_timeout
 
         # local mode needs no Spark: only an active session's settings are read then
@@ -112,7 +112,7 @@ class TorchDistributor:
 
     def _driver_gpus(self) -> list:
         """The GPU addresses the driver owns (Spark's resources; a Connect client's own)."""
-        from ._job.cluster import is_connect
+        from ._job import is_connect
 
         if self.spark is None:
             return []
@@ -153,9 +153,9 @@ class TorchDistributor:
         return None if isinstance(train_object, str) else value
 
     def _launch(self, main: Callable, args: tuple, kwargs: dict):
-        from ._job.driver import JobOptions
+        from ._job import JobOptions, launch
         from .settings import DriverSettings
-        from .runner import _launch, _start_timeout
+        from .runner import _start_timeout
 
         env = self.env + self._gpu_env()
         settings = DriverSettings.read(env)
@@ -165,7 +165,7 @@ class TorchDistributor:
                           max_restarts=self.max_restarts, settings=settings,
                           timeout=self.timeout,
                           torch_layout="hosts" if self.local_mode else "tasks")
-        return _launch(main, args, kwargs, opts)[0]
+        return launch(main, args, kwargs, opts)[0]
 
     def _gpu_env(self) -> tuple:
         """pyspark's GPU visibility: none without use_gpu; in local mode, the driver's first

@@ -9,14 +9,9 @@ active SparkSession an embedded local one is started (see `_session`).
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from ._job import checks
-from . import progress
-from ._job.driver import JobFailedError, JobOptions, run_on_driver, run_on_spark
-from ._job.session import get_session
-from ._job.cluster import Cluster
+from ._job import Cluster, JobFailedError, JobOptions, checks, get_session, launch
 from .settings import DriverSettings
 
 __all__ = ["HorovodRunner", "run", "run_elastic", "JobFailedError"]
@@ -66,30 +61,6 @@ def _positional(args) -> tuple:
     return tuple(args)
 
 
-def _launch(fn, args, kwargs, opts: JobOptions, elastic=None) -> list:
-    with progress.Display(opts.verbose) as display:  # the progress bar, from the ranks' records
-        if display.enabled:
-            opts = dataclasses.replace(opts, stdout=display.stream(opts.stdout),
-                                       stderr=display.stream(opts.stderr, "stderr"),
-                                       env=opts.env + display.env)
-        if elastic is not None:
-            return _launch_elastic(fn, args, kwargs, opts, elastic)
-        if opts.np < 0:
-            return run_on_driver(fn, args, kwargs, opts)
-        return run_on_spark(get_session(opts.np), fn, args, kwargs, opts)
-
-
-def _launch_elastic(fn, args, kwargs, opts: JobOptions, eopts) -> list:
-    from ._job.driver import payload_of
-    from ._job.elastic import run_elastic_on_driver, run_elastic_on_spark
-    from ._job.pickling import code_files
-
-    payload = payload_of(fn, args, kwargs, opts)
-    if opts.np < 0:
-        return run_elastic_on_driver(payload, opts, eopts, code_files(fn))
-    return run_elastic_on_spark(get_session(eopts.max_np), payload, opts, eopts, code_files(fn))
-
-
 class HorovodRunner:
     """Runs a training function as `np` ranks, as Databricks' HorovodRunner does.
 
@@ -126,7 +97,7 @@ class HorovodRunner:
                           rank0_only=True, start_timeout=_start_timeout(None, settings),
                           verbose=self.verbose, settings=settings,
                           timeout=self.timeout)
-        return _launch(main, (), kwargs, opts)[0]
+        return launch(main, (), kwargs, opts)[0]
 
 
 def run(fn: Callable[..., Any], args: Sequence = (), kwargs: Optional[Mapping[str, Any]] = None,
@@ -166,7 +137,7 @@ def run(fn: Callable[..., Any], args: Sequence = (), kwargs: Optional[Mapping[st
                       verbose=int(verbose), max_restarts=max_restarts, settings=settings,
                       timestamps=bool(prefix_output_with_timestamp), executable=executable,
                       timeout=_job_timeout(timeout))
-    return _launch(fn, tuple(args), dict(kwargs or {}), opts)
+    return launch(fn, tuple(args), dict(kwargs or {}), opts)
 
 
 def _count(name: str, value, default: int) -> int:
@@ -219,7 +190,7 @@ def run_elastic(fn: Callable[..., Any], args: Sequence = (),
         NotEnoughSlotsError: fewer than min_num_proc slots after the timeout.
         JobFailedError: the function itself raised (that is not retried).
     """
-    from ._job.elastic import ElasticOptions
+    from ._job import ElasticOptions
 
     args = _positional(args)
     if kwargs is not None and not isinstance(kwargs, Mapping):
@@ -239,4 +210,4 @@ def run_elastic(fn: Callable[..., Any], args: Sequence = (),
                       executable=executable, timeout=_job_timeout(timeout))
     eopts = ElasticOptions(lo, hi, _start_timeout(elastic_timeout, settings) if elastic_timeout
                            is not None else start, reset_limit)
-    return _launch(fn, args, dict(kwargs or {}), opts, eopts)
+    return launch(fn, args, dict(kwargs or {}), opts, eopts)

@@ -124,7 +124,7 @@ class HorovodState:
             raise TypeError(f"init(comm=...) takes a collectives.Communicator, got "
                             f"{type(comm).__name__}; MPI sub-communicators are not supported")
         comm = comm if comm is not None else collectives.init(config)
-        from .._job.logchannel import forward_warnings
+        from .._job import forward_warnings
 
         config = config if config is not None else comm.config
         for name in ("collectives", "horovod_spark"):  # under a Spark task: to the driver

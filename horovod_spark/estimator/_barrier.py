@@ -49,7 +49,7 @@ class _Rank(threading.Thread):
     """The rank, run by the runner's task code while this task spills."""
 
     def __init__(self, task_spec, job: FitJob, directory: str):
-        from horovod_spark._job.pickling import pickle_job
+        from horovod_spark._job import pickle_job
 
         super().__init__(name="hvs-estimator-rank", daemon=True)
         self.spec = dataclasses.replace(
@@ -58,7 +58,7 @@ class _Rank(threading.Thread):
         self.error = None
 
     def run(self) -> None:
-        from horovod_spark._job.task import run_task
+        from horovod_spark._job import run_task
 
         try:
             self.result = next(run_task(self.spec, iter(())))

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from horovod_spark._job.cluster import to_arrow
+from horovod_spark._job import to_arrow
 from horovod_spark.estimator.data import ColumnSpec, batch_from_table, column_specs, prepare
 
 __all__ = ["checked_specs", "sample_batch", "resolve_num_proc", "require", "label_problem",
@@ -81,7 +81,7 @@ def sample_batch(df, specs: Sequence[ColumnSpec], rows: int = SAMPLE_ROWS):
 
 
 def resolve_num_proc(spark, num_proc: Optional[int]) -> int:
-    from horovod_spark._job.cluster import Cluster
+    from horovod_spark._job import Cluster
 
     n = num_proc if num_proc is not None else Cluster(spark).default_parallelism()
     if n < 1:

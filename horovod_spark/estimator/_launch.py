@@ -27,7 +27,7 @@ from horovod_spark.estimator._barrier import RESULT_SCHEMA, task_body
 from horovod_spark.estimator._census import EMPTY, OK, PROBLEM
 from horovod_spark.estimator._job import FitJob
 from horovod_spark.estimator.data import transfer_conf
-from horovod_spark._job.cluster import is_connect
+from horovod_spark._job import is_connect
 
 __all__ = ["run_fit"]
 
@@ -85,34 +85,28 @@ def _stage(spark, df, num_proc: int, job: FitJob, verbose: int):
     """(status, rank 0's result or the problem) of one barrier stage."""
 
     from horovod_spark import progress
-    from horovod_spark._job.driver import BarrierJob, JobOptions, value_of
-    from horovod_spark._job.quiet import failure_logs_off
+    from horovod_spark._job import BarrierJob, JobOptions, displayed, failure_logs_off, value_of
     from horovod_spark.settings import DriverSettings
 
-    display = progress.Display(verbose)  # the progress bar, from the ranks' records
-    shown = display.enabled
     settings = DriverSettings.read()  # the driver's edge: each fit reads its switches
     opts = JobOptions(np=num_proc, rank0_only=True, verbose=verbose, show_output=verbose > 0,
-                      settings=settings, start_timeout=settings.start_timeout,
-                      stdout=display.stream() if shown else None,
-                      stderr=display.stream(None, "stderr") if shown else None, env=display.env)
-    if shown:  # the loops report each step themselves (progress.report)
-        job = dataclasses.replace(job, train_fn=progress.Tracked(job.train_fn))
+                      settings=settings, start_timeout=settings.start_timeout)
 
-    def stage(spec, delivered):
-        body = functools.partial(task_body, spec, job)
-        with transfer_conf(spark):  # planned and submitted with the transfer's confs
-            rows = df.mapInArrow(body, RESULT_SCHEMA, barrier=True).collect()
-        # rank 0's result (the model) may have gone home through the job store
-        return [(r.partition, r.status, r.message,
-                 delivered(0, r.payload) if r.partition == 0 and r.status == OK else r.payload)
-                for r in rows]
+    with displayed(opts) as (opts, display):  # the progress bar, from the ranks' records
+        if display.enabled:  # the loops report each step themselves (progress.report)
+            job = dataclasses.replace(job, train_fn=progress.Tracked(job.train_fn))
 
-    try:
+        def stage(spec, delivered):
+            body = functools.partial(task_body, spec, job)
+            with transfer_conf(spark):  # planned and submitted with the transfer's confs
+                rows = df.mapInArrow(body, RESULT_SCHEMA, barrier=True).collect()
+            # rank 0's result (the model) may have gone home through the job store
+            return [(r.partition, r.status, r.message,
+                     delivered(0, r.payload) if r.partition == 0 and r.status == OK
+                     else r.payload) for r in rows]
+
         with failure_logs_off(None if is_connect(spark) else spark.sparkContext):
             rows = BarrierJob(spark, opts, name="hvs-fit").attempt(0, b"", stage)
-    finally:
-        display.close()
     for _, status, message, _ in sorted(rows, key=lambda r: r[0]):
         if status != OK:
             return status, message

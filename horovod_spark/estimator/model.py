@@ -26,7 +26,7 @@ from pyspark.ml import Model
 from pyspark.ml.util import (DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader,
                              MLWritable, MLWriter)
 
-from horovod_spark._job.cluster import is_connect, to_arrow
+from horovod_spark._job import is_connect, to_arrow
 from horovod_spark.estimator._decode import apply_decode
 from horovod_spark.estimator.data import arrow_to_numpy, column_specs, numeric, prepare_exprs
 from horovod_spark.estimator.params import ModelParams

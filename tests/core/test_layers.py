@@ -250,3 +250,32 @@ def test_the_adapters_and_the_rank_progress_never_reach_into_the_job_machinery()
                 if isinstance(node, ast.Import) and any("._job" in a.name for a in node.names):
                     bad.append(f"{p.relative_to(ROOT)}:{node.lineno} imports _job")
     assert not bad, bad
+
+
+def test_the_job_machinery_is_reached_through_its_face_only():
+    """Outside horovod_spark/_job, package code imports the job machinery from
+    horovod_spark._job (its __init__, the face), never one of its modules."""
+    bad = []
+    for p in (ROOT / "horovod_spark").rglob("*.py"):
+        if "_job" in p.relative_to(ROOT / "horovod_spark").parts[:1]:
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                parts = (node.module or "").split(".")
+                if "_job" in parts and parts.index("_job") < len(parts) - 1:
+                    bad.append(f"{p.relative_to(ROOT)}:{node.lineno} imports {node.module}")
+            elif isinstance(node, ast.Import):
+                bad += [f"{p.relative_to(ROOT)}:{node.lineno} imports {a.name}"
+                        for a in node.names if "._job." in a.name]
+    assert not bad, bad
+
+
+def test_the_job_face_names_what_its_modules_define():
+    import importlib
+
+    import horovod_spark._job as job
+
+    for name, module in job._FACE.items():
+        if module is not None:
+            assert getattr(job, name) is getattr(
+                importlib.import_module(f"horovod_spark._job.{module}"), name), name
