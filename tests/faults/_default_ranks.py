@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import cloudpickle
@@ -184,6 +185,31 @@ def job_killed_while_sharing_memory(outdir, late_s=5.0):
             die_later(outdir, 0, 0.3, "after creating shared memory")
         elif rank != 0 and op == "get" and before:
             time.sleep(late_s)
+
+    return guarded(outdir, lambda: communicator_through(hook).size)
+
+
+def job_cancelled_while_sharing_memory(outdir, late_s=20.0):
+    """Local rank 0 creates its segment and notes it ("holding"); the others come `late_s`
+    s late to attach, so a cancellation the test sends on that note lands while a named
+    segment exists that only the job can remove."""
+    rank = int(os.environ["HVS_RANK"])
+
+    def hook(op, key, before):
+        if "/native/shm/" not in key:
+            return
+        if rank == 0 and op == "set" and not before:  # it publishes the name, then creates
+            threading.Thread(target=noted_when_created, daemon=True).start()
+        elif rank != 0 and op == "get" and before:
+            time.sleep(late_s)
+
+    def noted_when_created():
+        for _ in range(500):  # bounded: 5 s
+            mine = [n for n in os.listdir("/dev/shm") if n.startswith(f"hvs-{os.getpid()}-")]
+            if mine:
+                note(outdir, 0, "holding", t=time.time(), shm=mine)
+                return
+            time.sleep(0.01)
 
     return guarded(outdir, lambda: communicator_through(hook).size)
 
