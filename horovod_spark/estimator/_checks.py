@@ -42,7 +42,8 @@ def checked_specs(df, values: Dict[str, Any]) -> List[ColumnSpec]:
     val_col = validation if isinstance(validation, str) else None
     try:
         specs = column_specs(df.schema, values["feature_cols"], values["label_cols"],
-                             values.get("sample_weight_col"), val_col, values.get("array_padding"))
+                             values.get("sample_weight_col"), val_col, values.get("array_padding"),
+                             values.get("sparse_vectors") == "sparse")
     except ValueError as exc:
         raise ValueError(_with_suggestions(str(exc), df.columns, _used(values, val_col))) \
             from None

@@ -119,7 +119,7 @@ class DistributedEstimator(Estimator, EstimatorParams):
             decode_bytes=cloudpickle.dumps(decode) if decode is not None else None,
             feature_cols=values["feature_cols"], label_cols=values["label_cols"],
             run_id=run_id, input_shapes=values["input_shapes"],
-            array_padding=values["array_padding"])
+            array_padding=values["array_padding"], sparse_vectors=values["sparse_vectors"])
         if _mlflow.wanted(values["mlflow"]):
             _mlflow.log_fit(values, fitted, history, self._mlflow_flavor, values["mlflow"])
         return fitted

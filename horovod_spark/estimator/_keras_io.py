@@ -24,6 +24,9 @@ __all__ = ["to_inputs", "shape_label", "dumps_model", "loads_model", "make_predi
 
 
 def to_inputs(features: Sequence[np.ndarray]) -> Any:
+    if any(hasattr(f, "torch") for f in features):
+        raise TypeError("KerasEstimator takes ml Vector columns dense: leave sparse_vectors "
+                        "at 'dense' (sparse_vectors='sparse' is TorchEstimator's)")
     arrays = [np.asarray(f.reshape(-1, 1) if f.ndim == 1 else f, dtype=np.float32)
               for f in features]
     return arrays[0] if len(arrays) == 1 else arrays

@@ -145,7 +145,7 @@ def _prepared(array, spec: ColumnSpec):
 
     target = getattr(pa, _ARROW[spec.dtype])()
     if spec.kind == "vector":
-        return _dense(array)
+        return array if spec.pad is not None else _dense(array)  # sparse_vectors="sparse"
     if spec.kind == "array":
         return pc.cast(array, pa.list_(target), safe=False)
     return pc.cast(array, target, safe=False)

@@ -107,7 +107,10 @@ def as_numpy(batch: Batch, pads: Optional[Dict[str, Sequence]] = None) -> Batch:
 def _numpy(array, pad: Optional[Sequence]) -> np.ndarray:
     if pad is None:
         return array.to_numpy(zero_copy_only=False)
-    from horovod_spark.estimator.data import padded
+    from horovod_spark.estimator.data import padded, sparse_rows
+
+    if pad[0] == "sparse":
+        return sparse_rows(array, "")
 
     values = array.flatten().to_numpy(zero_copy_only=False)
     offsets = array.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
@@ -119,7 +122,8 @@ def _view(array):
 
     if pa.types.is_binary(array.type) or pa.types.is_string(array.type) or \
             pa.types.is_large_binary(array.type) or pa.types.is_large_string(array.type) or \
-            pa.types.is_list(array.type) or pa.types.is_large_list(array.type):
+            pa.types.is_list(array.type) or pa.types.is_large_list(array.type) or \
+            pa.types.is_struct(array.type):
         return array
     if pa.types.is_fixed_size_list(array.type):
         width = array.type.list_size

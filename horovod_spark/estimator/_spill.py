@@ -20,8 +20,8 @@ from typing import Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from horovod_spark.estimator.data import (OBJECT_KINDS, VALIDATION, ColumnSpec, arrow_to_numpy,
-                                          keeps_lists)
+from horovod_spark.estimator.data import (OBJECT_KINDS, SPARSE, VALIDATION, ColumnSpec,
+                                          arrow_to_numpy, keeps_lists, sparse_rows)
 
 __all__ = ["Census", "spill_partition", "local_dir", "feature_widths", "first_problem"]
 
@@ -90,6 +90,15 @@ def _convert(batch, specs: Sequence[ColumnSpec], census: Census):
             arrays.append(column)
             names.append(spec.name)
             continue
+        if spec.pad == SPARSE:  # ml Vectors as they came: SparseRows when a batch is cut
+            column, size = _checked_vectors(batch.column(spec.name), spec, census)
+            if census.widths.setdefault(spec.name, size) != size:
+                raise ValueError(f"{spec.role} column '{spec.name}' has vectors of sizes "
+                                 f"{census.widths[spec.name]} and {size} in partition "
+                                 f"{census.partition}; every row needs the same size")
+            arrays.append(column)
+            names.append(spec.name)
+            continue
         if keeps_lists(spec):  # rows of their own lengths: padded when a batch is cut
             arrays.append(_checked_lists(batch.column(spec.name), spec, census))
             names.append(spec.name)
@@ -110,6 +119,24 @@ def _convert(batch, specs: Sequence[ColumnSpec], census: Census):
         arrays.append(pa.FixedSizeListArray.from_arrays(flat, width) if width else flat)
         names.append(spec.name)
     return pa.RecordBatch.from_arrays(arrays, names=names), mask
+
+
+def _checked_vectors(column, spec: ColumnSpec, census: Census):
+    """(an ml Vector column as it came, its vectors' size) once it has no null vector, no
+    NaN and one size (ValueError naming the column and partition)."""
+    import pyarrow as pa
+
+    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if column.null_count:
+        row = census.train_rows + census.val_rows + \
+            int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))
+        raise ValueError(f"{spec.role} column '{spec.name}' has a null (first in row {row} of "
+                         f"partition {census.partition}); drop or fill those rows")
+    try:
+        rows = sparse_rows(column, spec.name)
+    except ValueError as exc:
+        raise ValueError(f"{spec.role} {exc} (in partition {census.partition})") from None
+    return column, rows.size
 
 
 def _checked_lists(column, spec: ColumnSpec, census: Census):
@@ -207,6 +234,11 @@ def _empty_schema(specs: Sequence[ColumnSpec]):
         if spec.kind in OBJECT_KINDS:
             fields.append(pa.field(spec.name, pa.binary() if spec.kind == "binary"
                                    else pa.string()))
+            continue
+        if spec.pad == SPARSE:  # an ml Vector's struct, as Spark hands it over
+            fields.append(pa.field(spec.name, pa.struct([
+                ("type", pa.int8()), ("size", pa.int32()), ("indices", pa.list_(pa.int32())),
+                ("values", pa.list_(pa.float64()))])))
             continue
         scalar = pa.from_numpy_dtype(np.dtype(spec.dtype))
         fields.append(pa.field(spec.name, scalar if spec.kind == "scalar" else

@@ -38,9 +38,11 @@ def label_tensor(label: np.ndarray, device: Any = None):
 
 
 def to_inputs(features: Sequence[np.ndarray], device: Any = None) -> list:
+    """One tensor per feature column; a SparseRows (sparse_vectors="sparse") is a
+    torch.sparse_coo_tensor."""
     out = []
     for f in features:
-        t = _tensor(f.reshape(-1, 1) if f.ndim == 1 else f)
+        t = f.torch() if hasattr(f, "torch") else _tensor(f.reshape(-1, 1) if f.ndim == 1 else f)
         out.append(t.to(device) if device is not None else t)
     return out
 

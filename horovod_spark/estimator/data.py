@@ -39,7 +39,7 @@ import numpy as np
 
 __all__ = ["ColumnSpec", "column_specs", "prepare", "prepare_exprs", "arrow_to_numpy",
            "batch_from_table", "TRANSFER_CONF", "transfer_conf", "OBJECT_KINDS", "numeric",
-           "padding_rule", "keeps_lists", "padded"]
+           "padding_rule", "keeps_lists", "padded", "SPARSE", "SparseRows", "sparse_rows"]
 
 FEATURE, LABEL, WEIGHT, VALIDATION = "feature", "label", "weight", "validation"
 _TAKES = "numeric scalars, booleans, ml Vectors and arrays of numbers"
@@ -88,9 +88,93 @@ def padding_rule(name: str, rule) -> list:
 
 
 def keeps_lists(spec: ColumnSpec) -> bool:
-    """Rows of this column travel as Arrow lists of their own lengths, padded (or handed to
-    decode_fn) only when a batch is cut."""
-    return spec.pad is not None and spec.pad[0] in ("longest", "collate")
+    """Rows of this column travel as Arrow lists of their own lengths (or, for a sparse
+    vector, its struct of indices and values), padded, handed to decode_fn or made a
+    SparseRows only when a batch is cut."""
+    return spec.pad is not None and spec.pad[0] in ("longest", "collate", "sparse")
+
+
+#: the rule of an ml Vector feature column under sparse_vectors="sparse"
+SPARSE = ("sparse",)
+
+
+class SparseRows:
+    """A batch of an ml Vector column kept sparse (``sparse_vectors="sparse"``): CSR arrays
+    ``indptr`` (rows + 1), ``indices`` and ``values`` (float32) of ``shape`` (rows, size).
+    ``toarray()`` densifies it; ``torch()`` is the ``torch.sparse_coo_tensor`` the model
+    gets.  Slices of rows (``rows[a:b]``) are SparseRows too."""
+
+    dtype = np.dtype(np.float32)
+    ndim = 2
+
+    def __init__(self, indptr: np.ndarray, indices: np.ndarray, values: np.ndarray,
+                 size: int) -> None:
+        self.indptr, self.indices, self.values, self.size = indptr, indices, values, int(size)
+
+    @property
+    def shape(self) -> tuple:
+        return (len(self.indptr) - 1, self.size)
+
+    def __len__(self) -> int:
+        return len(self.indptr) - 1
+
+    def __getitem__(self, rows: slice) -> "SparseRows":
+        if not isinstance(rows, slice) or rows.step not in (None, 1):
+            raise TypeError("SparseRows takes slices of rows (rows[a:b])")
+        start, stop, _ = rows.indices(len(self))
+        stop = max(start, stop)
+        lo, hi = self.indptr[start], self.indptr[stop]
+        return SparseRows(self.indptr[start:stop + 1] - lo, self.indices[lo:hi],
+                          self.values[lo:hi], self.size)
+
+    def toarray(self) -> np.ndarray:
+        out = np.zeros(self.shape, np.float32)
+        rows = np.repeat(np.arange(len(self)), np.diff(self.indptr))
+        out[rows, self.indices] = self.values
+        return out
+
+    def torch(self):
+        import torch
+
+        rows = np.repeat(np.arange(len(self)), np.diff(self.indptr))
+        index = torch.from_numpy(np.stack([rows, self.indices]).astype(np.int64))
+        return torch.sparse_coo_tensor(index, torch.from_numpy(np.array(self.values)),
+                                       self.shape, is_coalesced=True, check_invariants=False)
+
+    def __repr__(self) -> str:
+        return f"SparseRows({len(self)} rows of {self.size}, {len(self.values)} values)"
+
+
+def sparse_rows(array, name: str) -> SparseRows:
+    """An Arrow column of ml Vectors (the struct of type, size, indices, values) as
+    SparseRows; dense vectors among them take indices 0..n-1.  ValueError naming the
+    column for a null vector, NaN, or vectors of different sizes."""
+    import pyarrow as pa
+
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    if array.null_count:
+        raise ValueError(f"column '{name}' has {array.null_count} null vector(s)")
+    n = len(array)
+    kind = array.field("type").to_numpy(zero_copy_only=False)
+    values, offsets = _list_parts(array.field("values"))
+    values = values.to_numpy(zero_copy_only=False).astype(np.float32)
+    lengths = np.diff(offsets)
+    sizes = np.where(kind == 0, array.field("size").fill_null(0).to_numpy(zero_copy_only=False),
+                     lengths).astype(np.int64)
+    if n and (sizes != sizes[0]).any():
+        other = int(sizes[sizes != sizes[0]][0])
+        raise ValueError(f"column '{name}' has vectors of sizes {int(sizes[0])} and {other}; "
+                         f"every row needs the same size")
+    if values.size and np.isnan(values.min()):
+        raise ValueError(f"column '{name}' has NaN")
+    row_of = np.repeat(np.arange(n), lengths)
+    indices = np.arange(len(values), dtype=np.int64) - offsets[:-1][row_of]  # dense rows
+    sparse = kind[row_of] == 0
+    if sparse.any():
+        flat, _ = _list_parts(array.field("indices"))  # the sparse rows' (dense: null)
+        indices[sparse] = flat.to_numpy(zero_copy_only=False)
+    return SparseRows(offsets, indices, values, int(sizes[0]) if n else 0)
 
 
 def _list_parts(array):
@@ -185,9 +269,11 @@ def _dtype_for(role: str, data_type, kind: str, nominal: bool = False) -> str:
 def column_specs(schema, feature_cols: Sequence[str], label_cols: Sequence[str],
                  weight_col: Optional[str] = None,
                  validation_col: Optional[str] = None,
-                 padding: Optional[Dict[str, Sequence]] = None) -> List[ColumnSpec]:
+                 padding: Optional[Dict[str, Sequence]] = None,
+                 sparse: bool = False) -> List[ColumnSpec]:
     """One spec per used column; ValueError for a missing column, TypeError for a type.
-    padding: array_padding's rules (padding_rule), by column."""
+    padding: array_padding's rules (padding_rule), by column; sparse: ml Vector feature
+    columns stay sparse (SparseRows) instead of densified on the JVM."""
     wanted = [(c, FEATURE) for c in feature_cols] + [(c, LABEL) for c in label_cols]
     if weight_col:
         wanted.append((weight_col, WEIGHT))
@@ -221,6 +307,8 @@ def column_specs(schema, feature_cols: Sequence[str], label_cols: Sequence[str],
             if pad[0] == "collate" and role == LABEL:
                 raise TypeError(f"array_padding gives label column '{name}' the rule "
                                 f"'collate'; a label column takes a length n or 'longest'")
+        if sparse and kind == "vector" and role == FEATURE:
+            pad = SPARSE
         specs.append(ColumnSpec(name, role, kind,
                                 _dtype_for(role, data_type, kind, _nominal(metadata[name])),
                                 data_type.simpleString(), pad))
@@ -239,7 +327,7 @@ def prepare_exprs(specs: Sequence[ColumnSpec], dedupe: bool = True) -> list:
         if dedupe and spec.name in seen:
             continue
         seen.add(spec.name)
-        if spec.kind in OBJECT_KINDS:
+        if spec.kind in OBJECT_KINDS or spec.pad == SPARSE:  # as it is: bytes, text, a Vector
             col = F.col(spec.name)
         elif spec.kind == "vector":
             col = vector_to_array(F.col(spec.name), "float32")
@@ -291,6 +379,8 @@ def arrow_to_numpy(array, dtype: str, name: str, pad: Optional[Sequence] = None)
         raise ValueError(f"column '{name}' has {array.null_count} null value(s)")
     if dtype == "object":  # bytes or text, for decode_fn
         return array.to_numpy(zero_copy_only=False)
+    if pad is not None and pad[0] == "sparse" and pa.types.is_struct(array.type):
+        return sparse_rows(array, name)
     if pad is not None and _is_list(array.type):
         values, offsets = _list_parts(array)
         return padded(_values(values, dtype, name), offsets, pad)

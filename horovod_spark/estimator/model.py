@@ -76,7 +76,8 @@ class EstimatorModel(Model, ModelParams, MLWritable, MLReadable):
         if not feature_cols:
             raise ValueError(f"{type(self).__name__} has no feature_cols")
         specs = column_specs(dataset.schema, feature_cols, [],
-                             padding=self._feature_padding(feature_cols))
+                             padding=self._feature_padding(feature_cols),
+                             sparse=self.getOrDefault("sparse_vectors") == "sparse")
         shapes = self._output_shapes or self._probe_output_shapes(dataset, specs)
         out_cols = self.getOutputCols()
         if len(out_cols) != len(shapes):

@@ -116,6 +116,12 @@ def _to_padding(value: Any) -> Any:
     return {str(name): padding_rule(str(name), rule) for name, rule in value.items()}
 
 
+def _to_sparse_vectors(value: Any) -> str:
+    if value not in ("dense", "sparse"):
+        raise ValueError(f"sparse_vectors must be 'dense' or 'sparse', got {value!r}")
+    return value
+
+
 def _to_backend(value: Any) -> Any:
     from horovod_spark.estimator.backend import to_backend
 
@@ -181,6 +187,11 @@ _TRAINING: Dict[str, Tuple[str, Callable[[Any], Any], Any]] = {
                       "'longest' or ('longest', value) pads each batch to its longest row; "
                       "'collate' hands decode_fn the rows as an array of 1-D arrays to "
                       "collate itself.  In training and Model.transform", _to_padding, None),
+    "sparse_vectors": ("how ml Vector feature columns reach the model: 'dense' (default), "
+                       "float32 arrays densified on the JVM; 'sparse' (TorchEstimator), kept "
+                       "sparse through the shard, each batch a torch.sparse_coo_tensor "
+                       "(decode_fn and transformation_fn see a SparseRows: CSR arrays, "
+                       "toarray())", _to_sparse_vectors, "dense"),
     "use_gpu": ("train on the rank's GPU when it has one", TypeConverters.toBoolean, True),
     "backward_passes_per_step": ("batches whose gradients are accumulated locally before "
                                  "one allreduce and optimizer step",
@@ -255,6 +266,7 @@ _MODEL: Dict[str, Tuple[str, Callable[[Any], Any], Any]] = {
     "run_id": ("the run this model came from", _to_optional_string, None),
     "input_shapes": _TRAINING["input_shapes"],
     "array_padding": _TRAINING["array_padding"],
+    "sparse_vectors": _TRAINING["sparse_vectors"],
 }
 
 

@@ -209,3 +209,52 @@ def test_ragged_rows_with_no_rule_and_misplaced_rules_are_refused_before_trainin
         _estimator(tmp_path, Bag(), {"token": 40}).fit(df)
     with pytest.raises(TypeError, match=r"array_padding must be a dict of column name -> rule"):
         _estimator(tmp_path, Bag(), 40)
+
+
+# -- sparse vectors kept sparse (sparse_vectors="sparse") ---------------------------------
+
+VECTOR = pa.struct([("type", pa.int8()), ("size", pa.int32()),
+                    ("indices", pa.list_(pa.int32())), ("values", pa.list_(pa.float64()))])
+
+
+def _vectors(rows):
+    return pa.array([{"type": 0, "size": s, "indices": i, "values": v} if i is not None else
+                     {"type": 1, "size": None, "indices": None, "values": v}
+                     for s, i, v in rows], VECTOR)
+
+
+def test_sparse_and_dense_vectors_become_csr_rows_and_torch_sparse_batches():
+    from horovod_spark.estimator._torch_io import to_inputs
+    from horovod_spark.estimator.data import sparse_rows
+
+    column = _vectors([(4, [1, 3], [2.0, 5.0]), (None, None, [1.0, 2.0, 3.0, 4.0]),
+                       (4, [0], [7.0]), (4, [], [])])
+    want = [[0, 2, 0, 5], [1, 2, 3, 4], [7, 0, 0, 0], [0, 0, 0, 0]]
+    for start in (0, 1, 2):
+        rows = sparse_rows(column.slice(start), "v")
+        np.testing.assert_array_equal(rows.toarray(), want[start:])
+    rows = sparse_rows(column, "v")
+    assert rows.shape == (4, 4) and len(rows[1:3]) == 2
+    np.testing.assert_array_equal(rows[1:3].toarray(), want[1:3])
+    (batch,) = to_inputs([rows])
+    assert batch.is_sparse and batch.dtype == torch.float32
+    np.testing.assert_array_equal(batch.to_dense().numpy(), want)
+
+
+def test_bad_vectors_are_named_with_their_column_and_partition(tmp_path):
+    from horovod_spark.estimator.data import SPARSE
+
+    spec = ColumnSpec("v", "feature", "vector", "float32", "vector", SPARSE)
+    cases = [(_vectors([(4, [1], [1.0]), (5, [2], [1.0])]),
+              "feature column 'v' has vectors of sizes 4 and 5; every row needs the same size "
+              "(in partition 2)"),
+             (_vectors([(4, [1], [1.0]), (4, [2], [float("nan")])]),
+              "feature column 'v' has NaN (in partition 2)"),
+             (pa.array([{"type": 0, "size": 4, "indices": [1], "values": [1.0]}, None], VECTOR),
+              "feature column 'v' has a null (first in row 1 of partition 2); drop or fill "
+              "those rows")]
+    for i, (column, message) in enumerate(cases):
+        (tmp_path / str(i)).mkdir()
+        census = spill_partition([pa.RecordBatch.from_arrays([column], names=["v"])], [spec], 2,
+                                 directory=str(tmp_path / str(i)))
+        assert census.problem == message, census.problem

@@ -166,3 +166,47 @@ def test_sparse_vectors_train_as_dense_rows_and_predict(spark, images, tmp_path)
                                              dtype=torch.float32)).numpy()
     got = np.stack([r["label__output"].toArray() for r in out])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+class SparseLinear(torch.nn.Module):
+    """A linear layer over a sparse batch (torch.sparse.mm); it refuses a dense one, so the
+    test knows the rows stayed sparse all the way."""
+
+    def __init__(self, size, classes):
+        torch.manual_seed(0)
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(size, classes) * 0.01)
+        self.bias = torch.nn.Parameter(torch.zeros(classes))
+
+    def forward(self, x):
+        if not x.is_sparse:
+            raise TypeError(f"expected a sparse batch, got a dense {tuple(x.shape)}")
+        return torch.sparse.mm(x, self.weight) + self.bias
+
+
+def test_sparse_vectors_stay_sparse_to_a_torch_sparse_model_and_predict(spark, images,
+                                                                         tmp_path):
+    """sparse_vectors='sparse': 65,536-wide hashed features (what HashingTF makes), which
+    the dense path would make 256 KiB a row, train as torch sparse batches."""
+    from pyspark.ml.linalg import Vectors
+
+    _, pixels, rows = images
+    size = 1 << 16
+    slots = np.random.default_rng(0).permutation(size)[:64]  # pixel j's hashed feature
+    hashed = [(i, Vectors.sparse(size, sorted((int(slots[j]), float(v))
+                                              for j, v in enumerate(pixels[i]) if v)),
+               rows[i][3]) for i in range(ROWS)]
+    df = spark.createDataFrame(hashed, ["id", "hashed", "label"]).repartition(2)
+    net = SparseLinear(size, 10)
+    model = _estimator(tmp_path, "hashed", 0, None, model=net, sparse_vectors="sparse",
+                       optimizer=torch.optim.Adam(net.parameters(), lr=0.05)).fit(df)
+    history = model.getHistory()["loss"]
+    assert history[-1] < history[0] * 0.5, history
+    out = model.transform(df).select("id", "hashed", "label", "label__output").limit(40).collect()
+    dense = torch.tensor(np.stack([r["hashed"].toArray() for r in out]), dtype=torch.float32)
+    with torch.no_grad():
+        want = (dense @ model.getModel().weight + model.getModel().bias).numpy()
+    np.testing.assert_allclose(np.stack([r["label__output"].toArray() for r in out]), want,
+                               rtol=1e-4, atol=1e-5)
+    model.write().overwrite().save(str(tmp_path / "saved"))
+    assert TorchModel.load(str(tmp_path / "saved")).getOrDefault("sparse_vectors") == "sparse"

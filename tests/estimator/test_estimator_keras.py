@@ -113,3 +113,12 @@ def test_token_lists_of_their_own_lengths_train_a_keras_model_padded_to_each_bat
     padded = np.array([r.tokens + [64] * (width - len(r.tokens)) for r in out], np.float32)
     np.testing.assert_allclose(got, model.getModel().predict_on_batch(padded),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_sparse_vectors_kept_sparse_are_refused_by_keras_before_training(spark, tmp_path):
+    from pyspark.ml.linalg import Vectors
+
+    df = spark.createDataFrame([(Vectors.sparse(64, {1: 1.0}), 0)] * 8, ["features", "label"])
+    with pytest.raises(ValueError, match=r"TypeError: KerasEstimator takes ml Vector columns "
+                                         r"dense: leave sparse_vectors at 'dense'"):
+        _classifier(str(tmp_path), sparse_vectors="sparse").fit(df)
