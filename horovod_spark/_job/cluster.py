@@ -36,7 +36,7 @@ import functools
 import ipaddress
 import socket
 import warnings
-from typing import Callable, Iterator, List, Optional, Tuple
+from typing import Callable, Iterator, List, NamedTuple, Optional, Tuple
 from urllib.parse import urlparse
 
 __all__ = ["Cluster", "is_connect", "to_arrow", "STAGE_SCHEMA"]
@@ -163,32 +163,39 @@ class Cluster:
     #: the task runs, so the DataFrame stage cost 2-2.7x the RDD's there; classic keeps it.
     classic_stage = "rdd"
 
-    def barrier_rows(self, np_: int, task: Callable[[Iterator], Iterator]) -> List[tuple]:
+    def barrier_rows(self, np_: int, task: Callable[[Iterator], Iterator]) -> List["TaskRow"]:
         """Run `task` (a mapPartitions body yielding (rank, result, output)) as a barrier
         stage of np_ tasks; its rows."""
         if not self.connect and self.classic_stage == "rdd":
-            return self.sc.parallelize(range(np_), np_).barrier().mapPartitions(task).collect()
+            return [TaskRow(*row) for row in
+                    self.sc.parallelize(range(np_), np_).barrier().mapPartitions(task).collect()]
         body = functools.partial(_arrow_body, task)
         with warnings.catch_warnings():  # PySpark's own pandas-version notice, not the user's
             warnings.filterwarnings("ignore", "PySpark does not yet fully support pandas")
             rows = self.spark.range(np_, numPartitions=np_).mapInArrow(
                 body, STAGE_SCHEMA, barrier=True).collect()
-        return [(r.rank, bytes(r.result) if r.result is not None else None, r.output)
+        return [TaskRow(r.rank, bytes(r.result) if r.result is not None else None, r.output)
                 for r in rows]
 
 
+class TaskRow(NamedTuple):
+    """One task's row of the runner's barrier stage."""
+    rank: int
+    result: Optional[bytes]       # the rank's encoded RankResult (b"": sent to the job store)
+    output: Optional[str] = None  # JSON of the output lines no live channel took
+
+
 def _arrow_body(task: Callable[[Iterator], Iterator], batches: Iterator) -> Iterator:
-    """The mapInArrow body: the task's (rank, result[, output]) as one Arrow row."""
+    """The mapInArrow body: the task's (rank, result, output) as one Arrow row."""
     import pyarrow as pa
 
     for _ in batches:  # the range's numbers: the partition id is the rank
         pass
     for row in task(iter(())):
-        rank, result = row[0], row[1]
-        output = row[2] if len(row) > 2 else None
+        row = TaskRow(*row)
         yield pa.RecordBatch.from_arrays(
-            [pa.array([rank], pa.int32()), pa.array([result], pa.binary()),
-             pa.array([output], pa.string())], names=["rank", "result", "output"])
+            [pa.array([row.rank], pa.int32()), pa.array([row.result], pa.binary()),
+             pa.array([row.output], pa.string())], names=["rank", "result", "output"])
 
 
 # --------------------------------------------------------------------------- Connect's server

@@ -198,7 +198,7 @@ class BarrierJob:
 
     def _runner_stage(self, spec: TaskSpec, delivered: Callable[[int, bytes], bytes]) -> list:
         rows = self.cluster.barrier_rows(self.opts.np, functools.partial(run_task, spec))
-        return [(row[0], delivered(row[0], row[1])) + tuple(row[2:]) for row in rows]
+        return [row._replace(result=delivered(row.rank, row.result)) for row in rows]
 
     def _log_server(self, job: str) -> Optional[LogServer]:
         """The live output's server on the client's address, or None (the executors cannot
@@ -283,7 +283,7 @@ class BarrierJob:
         from collectives.launch.record import Failure
 
         self.show_returned_output(rows)
-        by_rank = {row[0]: row[1] for row in rows}
+        by_rank = {row.rank: row.result for row in rows}
         np_ = self.opts.np
         if sorted(by_rank) != list(range(np_)):
             raise JobFailedError(Failure(None, "SparkJobFailed",
@@ -298,9 +298,9 @@ class BarrierJob:
 
         opts = self.opts
         sink = LineSink(opts.stdout, opts.stderr, opts.show_output, opts.timestamps)
-        for row in sorted(rows, key=lambda r: r[0]):
-            for stream, text in json.loads(row[2]) if len(row) > 2 and row[2] else ():
-                sink.write(row[0], stream, text)
+        for row in sorted(rows, key=lambda r: r.rank):
+            for stream, text in json.loads(row.output) if row.output else ():
+                sink.write(row.rank, stream, text)
 
 
 def value_of(rank: int, blob: bytes, np_: int):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Dict, Optional
+from typing import Any, Dict, NamedTuple, Optional
 
 from horovod_spark.estimator._barrier import RESULT_SCHEMA, task_body
 from horovod_spark.estimator._census import EMPTY, OK, PROBLEM
@@ -81,6 +81,14 @@ def partitions(df) -> Optional[int]:
     return df.rdd.getNumPartitions()
 
 
+class FitRow(NamedTuple):
+    """One task's row of the fit's barrier stage (_barrier.RESULT_SCHEMA)."""
+    partition: int
+    status: str
+    message: str
+    payload: bytes    # rank 0's result once its task is OK (through the job store or not)
+
+
 def _stage(spark, df, num_proc: int, job: FitJob, verbose: int):
     """(status, rank 0's result or the problem) of one barrier stage."""
 
@@ -101,15 +109,15 @@ def _stage(spark, df, num_proc: int, job: FitJob, verbose: int):
             with transfer_conf(spark):  # planned and submitted with the transfer's confs
                 rows = df.mapInArrow(body, RESULT_SCHEMA, barrier=True).collect()
             # rank 0's result (the model) may have gone home through the job store
-            return [(r.partition, r.status, r.message,
-                     delivered(0, r.payload) if r.partition == 0 and r.status == OK
-                     else r.payload) for r in rows]
+            return [FitRow(r.partition, r.status, r.message,
+                           delivered(0, r.payload) if r.partition == 0 and r.status == OK
+                           else r.payload) for r in rows]
 
         with failure_logs_off(None if is_connect(spark) else spark.sparkContext):
             rows = BarrierJob(spark, opts, name="hvs-fit").attempt(0, b"", stage)
-    for _, status, message, _ in sorted(rows, key=lambda r: r[0]):
-        if status != OK:
-            return status, message
-    blob = next(payload for partition, _, _, payload in rows if partition == 0)
+    for row in sorted(rows, key=lambda r: r.partition):
+        if row.status != OK:
+            return row.status, row.message
+    blob = next(row.payload for row in rows if row.partition == 0)
     value = value_of(0, blob, opts.np)
     return value["problem"] if "problem" in value else (OK, value)
