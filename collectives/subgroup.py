@@ -12,6 +12,11 @@ subsets overlap.  Closing it releases all of that.
 
 Non-members take no part: the caller decides membership (every rank knows the
 subset) and only members call `sub_communicator`.
+
+Under the MPI backend (ranks started by mpiexec, no store) the members make an MPI
+communicator of their own instead (`MPI_Comm_create_group` over the world's private
+duplicate, collective over the members only), and the sub-communicator's MPI backend
+duplicates it: the same separation of traffic, MPI's way.
 """
 from __future__ import annotations
 
@@ -43,13 +48,15 @@ def sub_communicator(comm, ranks: Sequence[int], tag: str):
 
     Raises:
         ValueError: bad ranks, or this rank is not one of them.
-        NotSupported: `comm` was not bootstrapped through a store (the MPI backend).
+        NotSupported: `comm` was neither bootstrapped through a store nor runs on MPI.
         CollectiveError: a member never came (named, within the connect timeout).
     """
     ranks = check_subset(ranks, comm.size)
     if comm.rank not in ranks:
         raise ValueError(f"rank {comm.rank}/{comm.size} is not in the subset {ranks}; only its "
                          "members build its communicator")
+    if comm.backend_name == "mpi":
+        return _mpi_sub_communicator(comm, ranks, tag)
     if comm._boot is None or comm._store is None:
         raise NotSupported(describe(
             f"sub-communicators need the native backend, this one is {comm.backend_name}",
@@ -58,3 +65,25 @@ def sub_communicator(comm, ranks: Sequence[int], tag: str):
     host, bind_addr, secret = comm._boot
     return type(comm).create(comm._store, ranks.index(comm.rank), len(ranks), host, bind_addr,
                                secret, f"{comm._prefix}/sub/{tag}", comm.config)
+
+
+def _mpi_sub_communicator(comm, ranks: list, tag: str):
+    """The members' MPI communicator (see the module docstring), in a Communicator."""
+    import zlib
+
+    from .backends.mpi import MpiBackend
+    from .communicator import Communicator
+
+    world = comm.backend.comm
+    everyone = world.Get_group()
+    group = everyone.Incl(ranks)
+    try:  # an MPI tag from the subset's name: the members agree on it, others never see it
+        members = world.Create_group(group, zlib.crc32(tag.encode()) % 32768)
+    finally:
+        group.Free()
+        everyone.Free()
+    try:
+        backend = MpiBackend.from_world(comm.config, members)  # its own duplicate
+    finally:
+        members.Free()
+    return Communicator(backend, comm.config)
