@@ -258,3 +258,35 @@ def test_bad_vectors_are_named_with_their_column_and_partition(tmp_path):
         census = spill_partition([pa.RecordBatch.from_arrays([column], names=["v"])], [spec], 2,
                                  directory=str(tmp_path / str(i)))
         assert census.problem == message, census.problem
+
+
+def test_fit_on_parquet_reads_ragged_arrays_and_sparse_vectors_directly(spark, tmp_path):
+    """The direct Parquet read (the tasks read row groups with pyarrow, no JVM in between)
+    keeps both rules: ragged token lists padded per batch, Vectors kept sparse."""
+    from pyspark.ml.linalg import Vectors
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(200):
+        label = i % 2
+        tokens = [int(t) for t in rng.integers(0, 32, rng.integers(1, 9)) + 32 * label]
+        rows.append((tokens, Vectors.sparse(64, {t: 1.0 for t in sorted(set(tokens))}), label))
+    path = str(tmp_path / "data.parquet")
+    spark.createDataFrame(rows, ["tokens", "bag", "label"]).repartition(2).write.parquet(path)
+    for feature, kw, net in (("tokens", {"array_padding": {"tokens": ("longest", PAD)}}, Bag()),
+                             ("bag", {"sparse_vectors": "sparse"}, SparseBag())):
+        model = _estimator(tmp_path / feature, net, None, feature_cols=[feature], epochs=3,
+                           **kw).fit_on_parquet(path)
+        history = model.getHistory()["loss"]
+        assert history[-1] < history[0], (feature, history)
+
+
+class SparseBag(torch.nn.Module):
+    def __init__(self):
+        torch.manual_seed(0)
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(64, 10) * 0.01)
+
+    def forward(self, x):
+        assert x.is_sparse
+        return torch.sparse.mm(x, self.weight)
