@@ -118,6 +118,13 @@ def _world_ranks_of(comm) -> List[int]:
         world.Free()
 
 
+def _a_split(column: np.ndarray) -> bool:
+    """Each rank's set (row r) holds rank r, and every member of it passed the same set."""
+    return all(column[r, r] and all((column[m] == column[r]).all()
+                                    for m in np.flatnonzero(column[r]))
+               for r in range(len(column)))
+
+
 @dataclasses.dataclass
 class SetView:
     """One set as this rank's ops see it (see the module docstring)."""
@@ -229,30 +236,51 @@ class ProcessSetTable:
         sets = [s if isinstance(s, ProcessSet) else ProcessSet(s) for s in sets]
         for ps in sets:
             check_subset(ps.ranks, comm.size)
-        masks = self._agree_on_masks(sets, comm)
-        return [self._register(ps, masks[i], comm, initial) for i, ps in enumerate(sets)]
+        out = []
+        for ps, (mine, masks) in zip(sets, self._agree_on_masks(sets, comm)):
+            for mask in masks:  # one set, or the sets a split communicator made (see below)
+                ours = (mask == mine).all()
+                out.append(self._register(ps if ours else ProcessSet(np.flatnonzero(mask).tolist()),
+                                          mask, comm, initial))
+        return [ps for ps in out if any(ps is s for s in sets)]
 
-    def _agree_on_masks(self, sets: List[ProcessSet], comm) -> np.ndarray:
+    def _agree_on_masks(self, sets: List[ProcessSet], comm) -> list:
+        """Per set: (this rank's membership mask, the masks to register).  Every rank must
+        pass the same ranks, except for sets made from mpi4py communicators that split the
+        world (Horovod's `COMM_WORLD.Split`): each rank's holds it, and their members agree,
+        so each distinct one is registered, in the order of its lowest rank."""
         op = next(self._ops)
         counts = self._gather(f"process_set.{op}.count", np.array([len(sets)], np.int64))
         if len(set(counts.tolist())) != 1:
             raise ValueError(f"ranks add different numbers of process sets ("
                              + ", ".join(f"rank {r}: {int(n)}" for r, n in enumerate(counts))
                              + "); every rank must add the same sets in the same order")
-        mine = np.zeros((len(sets), comm.size), np.uint8)
+        width = comm.size + 1  # the membership, then whether it came from a communicator
+        mine = np.zeros((len(sets), width), np.uint8)
         for i, ps in enumerate(sets):
             mine[i, ps.ranks] = 1
+            mine[i, -1] = ps.mpi_comm is not None
         if not sets:
-            return mine
+            return []
         every = self._gather(f"process_set.{op}.ranks", mine.reshape(-1))
-        every = every.reshape(comm.size, len(sets), comm.size)
+        every = every.reshape(comm.size, len(sets), width)
+        out = []
         for i in range(len(sets)):
-            if not (every[:, i] == every[0, i]).all():
-                said = ", ".join(f"rank {r}: {np.flatnonzero(every[r, i]).tolist()}"
-                                 for r in range(comm.size))
-                raise ValueError(f"ranks disagree on process set #{i + 1} of this call ({said}); "
-                                 "every rank must add the same sets in the same order")
-        return mine
+            column = every[:, i, :-1]
+            if (column == column[0]).all():
+                out.append((mine[i, :-1], [column[0]]))
+                continue
+            if every[:, i, -1].all() and _a_split(column):
+                firsts = sorted({int(np.flatnonzero(m)[0]) for m in column})
+                out.append((mine[i, :-1], [column[r] for r in firsts]))
+                continue
+            said = ", ".join(f"rank {r}: {np.flatnonzero(column[r]).tolist()}"
+                             for r in range(comm.size))
+            raise ValueError(f"ranks disagree on process set #{i + 1} of this call ({said}); "
+                             "every rank must add the same sets in the same order (sets from "
+                             "mpi4py communicators may differ where each rank is in its own, "
+                             "as COMM_WORLD.Split makes them)")
+        return out
 
     def _gather(self, name: str, a: np.ndarray) -> np.ndarray:
         return np.asarray(self._engine().submit(name, "allgather", a, lazy=True).wait())
