@@ -72,7 +72,6 @@ def _mpi_sub_communicator(comm, ranks: list, tag: str):
     import zlib
 
     from .backends.mpi import MpiBackend
-    from .communicator import Communicator
 
     world = comm.backend.comm
     everyone = world.Get_group()
@@ -86,4 +85,4 @@ def _mpi_sub_communicator(comm, ranks: list, tag: str):
         backend = MpiBackend.from_world(comm.config, members)  # its own duplicate
     finally:
         members.Free()
-    return Communicator(backend, comm.config)
+    return type(comm)(backend, comm.config)
