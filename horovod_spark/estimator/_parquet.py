@@ -28,7 +28,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from horovod_spark.settings import PARQUET_DIRECT
-from horovod_spark.estimator.data import ColumnSpec
+from horovod_spark.estimator.data import ColumnSpec, list_parts, vector_entries
 
 __all__ = ["plan", "read_share", "sample", "Plan"]
 
@@ -151,39 +151,25 @@ def _prepared(array, spec: ColumnSpec):
     return pc.cast(array, target, safe=False)
 
 
-def _parts(lst) -> tuple:
-    """(offsets from 0, the flat values they index) of an Arrow list array, slices too."""
-    off = lst.offsets.to_numpy().astype(np.int64)
-    flat = lst.values.to_numpy(zero_copy_only=False)[off[0]:off[-1]]
-    return off - off[0], flat
-
-
 def _dense(struct):
     """ml Vectors (struct of type, size, indices, values) as float32 lists; sparse ones
     (type 0) scattered to their size; a null vector stays null (the spill names it)."""
     import pyarrow as pa
 
-    n = len(struct)
     valid = struct.is_valid().to_numpy(zero_copy_only=False)
-    kind = struct.field("type").fill_null(1).to_numpy(zero_copy_only=False)
-    size = struct.field("size").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    v_off, v_flat = _parts(struct.field("values"))
-    v_len = np.diff(v_off)
-    sparse = (kind == 0) & valid
     mask = None if valid.all() else pa.array(~valid)
-    if not sparse.any() and not v_len[~valid].any():  # all dense: the values as they are
-        return pa.ListArray.from_arrays(pa.array(v_off.astype(np.int32)),
-                                        pa.array(v_flat.astype(np.float32)), mask=mask)
-    lengths = np.where(sparse, size, v_len) * valid
-    out_off = np.zeros(n + 1, np.int64)
+    if not (struct.field("type").to_numpy(zero_copy_only=False)[valid] == 0).any():
+        v_off, values = list_parts(struct.field("values"))
+        if not np.diff(v_off)[~valid].any():  # all dense: the values as they are
+            return pa.ListArray.from_arrays(pa.array(v_off.astype(np.int32)),
+                                            pa.array(values.to_numpy(zero_copy_only=False)
+                                                     .astype(np.float32)), mask=mask)
+    v = vector_entries(struct)
+    v_len = np.diff(v.offsets)
+    lengths = np.where(v.kind == 0, v.size, v_len) * valid
+    out_off = np.zeros(len(struct) + 1, np.int64)
     np.cumsum(lengths, out=out_off[1:])
     out = np.zeros(int(out_off[-1]), np.float32)
-    rows = np.repeat(np.arange(n), v_len)  # the row of each stored value
-    within = np.arange(len(v_flat)) - v_off[:-1][rows]
-    if sparse.any():
-        i_off, i_flat = _parts(struct.field("indices"))
-        from_sparse = sparse[rows]
-        within[from_sparse] = i_flat[i_off[:-1][rows[from_sparse]] + within[from_sparse]]
-    keep = valid[rows]
-    out[out_off[:-1][rows[keep]] + within[keep]] = v_flat[keep]
+    keep = valid[v.rows]
+    out[out_off[:-1][v.rows[keep]] + v.columns[keep]] = v.values[keep]
     return pa.ListArray.from_arrays(pa.array(out_off.astype(np.int32)), pa.array(out), mask=mask)

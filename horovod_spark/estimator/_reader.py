@@ -107,14 +107,12 @@ def as_numpy(batch: Batch, pads: Optional[Dict[str, Sequence]] = None) -> Batch:
 def _numpy(array, pad: Optional[Sequence]) -> np.ndarray:
     if pad is None:
         return array.to_numpy(zero_copy_only=False)
-    from horovod_spark.estimator.data import padded, sparse_rows
+    from horovod_spark.estimator.data import list_parts, padded, sparse_rows
 
     if pad[0] == "sparse":
         return sparse_rows(array, "")
-
-    values = array.flatten().to_numpy(zero_copy_only=False)
-    offsets = array.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
-    return padded(values, offsets - offsets[0], pad)
+    offsets, values = list_parts(array)
+    return padded(values.to_numpy(zero_copy_only=False), offsets, pad)
 
 
 def _view(array):

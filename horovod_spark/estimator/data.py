@@ -33,13 +33,14 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
 __all__ = ["ColumnSpec", "column_specs", "prepare", "prepare_exprs", "arrow_to_numpy",
            "batch_from_table", "TRANSFER_CONF", "transfer_conf", "OBJECT_KINDS", "numeric",
-           "padding_rule", "keeps_lists", "padded", "SPARSE", "SparseRows", "sparse_rows"]
+           "padding_rule", "keeps_lists", "padded", "SPARSE", "SparseRows", "sparse_rows",
+           "list_parts", "vector_entries"]
 
 FEATURE, LABEL, WEIGHT, VALIDATION = "feature", "label", "weight", "validation"
 _TAKES = "numeric scalars, booleans, ml Vectors and arrays of numbers"
@@ -155,37 +156,57 @@ def sparse_rows(array, name: str) -> SparseRows:
         array = array.combine_chunks()
     if array.null_count:
         raise ValueError(f"column '{name}' has {array.null_count} null vector(s)")
-    n = len(array)
-    kind = array.field("type").to_numpy(zero_copy_only=False)
-    values, offsets = _list_parts(array.field("values"))
-    values = values.to_numpy(zero_copy_only=False).astype(np.float32)
-    lengths = np.diff(offsets)
-    sizes = np.where(kind == 0, array.field("size").fill_null(0).to_numpy(zero_copy_only=False),
-                     lengths).astype(np.int64)
-    if n and (sizes != sizes[0]).any():
+    v = vector_entries(array)
+    values = v.values.astype(np.float32)
+    sizes = np.where(v.kind == 0, v.size, np.diff(v.offsets))
+    if len(array) and (sizes != sizes[0]).any():
         other = int(sizes[sizes != sizes[0]][0])
         raise ValueError(f"column '{name}' has vectors of sizes {int(sizes[0])} and {other}; "
                          f"every row needs the same size")
     if values.size and np.isnan(values.min()):
         raise ValueError(f"column '{name}' has NaN")
-    row_of = np.repeat(np.arange(n), lengths)
-    indices = np.arange(len(values), dtype=np.int64) - offsets[:-1][row_of]  # dense rows
-    sparse = kind[row_of] == 0
-    if sparse.any():
-        flat, _ = _list_parts(array.field("indices"))  # the sparse rows' (dense: null)
-        indices[sparse] = flat.to_numpy(zero_copy_only=False)
-    return SparseRows(offsets, indices, values, int(sizes[0]) if n else 0)
+    return SparseRows(v.offsets, v.columns, values, int(sizes[0]) if len(array) else 0)
 
 
-def _list_parts(array):
-    """(values as numpy, offsets from 0) of an Arrow list or fixed-size-list array."""
+class VectorEntries(NamedTuple):
+    """The stored values of an Arrow column of ml Vectors (see vector_entries)."""
+    kind: np.ndarray      # per row: 0 sparse, 1 dense (a null vector reads as dense)
+    size: np.ndarray      # per row: the size field (0 where there is none)
+    offsets: np.ndarray   # per row: where its stored values start, from 0 (rows + 1)
+    values: np.ndarray    # the stored values
+    rows: np.ndarray      # per value: its row
+    columns: np.ndarray   # per value: its column (a sparse vector's index, a dense one's place)
+
+
+def vector_entries(struct) -> VectorEntries:
+    """An Arrow column of ml Vectors (structs of type, size, indices, values, as Spark hands
+    them over or Parquet stores them; a slice too) as its stored values and where they go."""
+    valid = struct.is_valid().to_numpy(zero_copy_only=False)
+    kind = np.where(valid, struct.field("type").fill_null(1).to_numpy(zero_copy_only=False), 1)
+    size = struct.field("size").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    offsets, values = list_parts(struct.field("values"))
+    values = values.to_numpy(zero_copy_only=False)
+    rows = np.repeat(np.arange(len(struct)), np.diff(offsets))
+    columns = np.arange(len(values), dtype=np.int64) - offsets[:-1][rows]  # a place in its row
+    from_sparse = kind[rows] == 0
+    if from_sparse.any():  # a dense vector's indices are null: only sparse rows index them
+        i_off, indices = list_parts(struct.field("indices"))
+        indices = indices.to_numpy(zero_copy_only=False)
+        columns[from_sparse] = indices[i_off[:-1][rows[from_sparse]] + columns[from_sparse]]
+    return VectorEntries(kind, size, offsets, values, rows, columns)
+
+
+def list_parts(array) -> tuple:
+    """(offsets from 0, the Arrow values they index) of an Arrow list or fixed-size-list
+    array, a slice too; the values are those the offsets count (a null slot's included)."""
     import pyarrow as pa
 
     if pa.types.is_fixed_size_list(array.type):
         width = array.type.list_size
-        return array.flatten(), np.arange(len(array) + 1, dtype=np.int64) * width
+        return (np.arange(len(array) + 1, dtype=np.int64) * width,
+                array.values.slice(array.offset * width, len(array) * width))
     offsets = array.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
-    return array.flatten(), offsets - offsets[0]
+    return offsets - offsets[0], array.values.slice(offsets[0], offsets[-1] - offsets[0])
 
 
 def padded(values: np.ndarray, offsets: np.ndarray, rule: Sequence) -> np.ndarray:
@@ -382,7 +403,7 @@ def arrow_to_numpy(array, dtype: str, name: str, pad: Optional[Sequence] = None)
     if pad is not None and pad[0] == "sparse" and pa.types.is_struct(array.type):
         return sparse_rows(array, name)
     if pad is not None and _is_list(array.type):
-        values, offsets = _list_parts(array)
+        offsets, values = list_parts(array)
         return padded(_values(values, dtype, name), offsets, pad)
     if pa.types.is_fixed_size_list(array.type):
         width = array.type.list_size
