@@ -236,13 +236,14 @@ class ProcessSetTable:
         sets = [s if isinstance(s, ProcessSet) else ProcessSet(s) for s in sets]
         for ps in sets:
             check_subset(ps.ranks, comm.size)
-        out = []
+        registered = []
         for ps, (mine, masks) in zip(sets, self._agree_on_masks(sets, comm)):
-            for mask in masks:  # one set, or the sets a split communicator made (see below)
-                ours = (mask == mine).all()
-                out.append(self._register(ps if ours else ProcessSet(np.flatnonzero(mask).tolist()),
-                                          mask, comm, initial))
-        return [ps for ps in out if any(ps is s for s in sets)]
+            for mask in masks:  # one set, or the parts a split communicator made (see below)
+                if (mask == mine).all():
+                    registered.append(self._register(ps, mask, comm, initial))
+                else:  # another rank's part: registered here too, with this rank outside it
+                    self._register(ProcessSet(np.flatnonzero(mask).tolist()), mask, comm, initial)
+        return registered
 
     def _agree_on_masks(self, sets: List[ProcessSet], comm) -> list:
         """Per set: (this rank's membership mask, the masks to register).  Every rank must
