@@ -17,7 +17,8 @@ from collectives.launch import RankFailed
 from collectives.launch.record import Failure, failure_text, root_cause, signal_name
 
 from ..progress import PROGRESS_MARK
-from .logchannel import LogServer, parse_failure_markers
+from .logchannel import LogServer
+from .markers import parse_failure_markers
 from .pickling import restore_frames
 
 __all__ = ["JobFailedError", "failure_of", "spark_failure"]

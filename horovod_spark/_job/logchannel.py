@@ -12,7 +12,7 @@ is read, and then a `hello` frame naming the job and rank.
 Frames, task -> driver:
     {"t": "hello", "job", "rank"}          once, first
     {"t": "out", "s": "stdout"|"stderr"|"cb", "x": line}
-    {"t": "fail", "rec": failure record}  the rank failed (see `failure_marker`)
+    {"t": "fail", "rec": failure record}  the rank failed (see `markers`)
     {"t": "done"}                          every line of this rank was sent
 driver -> task:
     {"t": "abort"}                         the job failed: kill your rank now
@@ -26,12 +26,11 @@ LINE_WAIT_S per line before it drops one, and says how many it dropped.  A
 rank's output is cut into lines at newlines, at carriage returns (progress
 bars) and every MAX_LINE bytes (`split_lines`), so no frame nears MAX_FRAME;
 the server skips a frame over MAX_FRAME instead of hanging up.
-Failures also travel in the task's exception text (`failure_marker`), so the
-driver names the failing rank even without this channel.
+Failures also travel in the task's exception text (`markers`), so the driver names
+the failing rank even without this channel.
 """
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import os
@@ -45,16 +44,12 @@ import time
 from typing import Callable, Optional
 
 from collectives.errors import CollectiveError
-from collectives.launch import RankFailed
-from collectives.launch.record import Failure
 from collectives.rendezvous.accept import AcceptGate, accept_loop
 
 from ..progress.marks import CALLBACK_MARK  # a line a rank wrote with `log_to_driver`
 from ..settings import LOG_CALLBACK
 
 __all__ = ["LogServer", "LogClient", "LineSink", "log_to_driver", "forward_warnings",
-           "failure_marker", "failure_markers", "marked_failure", "compact_record",
-           "parse_failure_markers",
            "CALLBACK_MARK"]
 
 MAX_FRAME = 1 << 20
@@ -66,9 +61,7 @@ MAX_LINE = 64 * 1024
 LINE_WAIT_S = 30.0
 #: Characters of a failure record's message and traceback that travel on the channel.
 _MAX_FIELD = 200 * 1024
-_MARKER = "HVS-FAILURE:"
 _marks: dict = {}
-_MARKER_RE = re.compile(re.escape(_MARKER) + r"([A-Za-z0-9+/=]+)")
 
 
 def _marking() -> bool:
@@ -109,87 +102,6 @@ def forward_warnings(logger: str = "collectives") -> None:
     handler.setFormatter(logging.Formatter("%(message)s"))
     target.addHandler(handler)
     target.propagate = False  # once, not also on stderr
-
-
-def failure_marker(record: dict) -> str:
-    """One line that carries a failure record through Spark's exception text."""
-    blob = json.dumps(record, separators=(",", ":")).encode()
-    return _MARKER + base64.b64encode(blob).decode()
-
-
-# What a Spark Connect client before 4.0 receives of an exception's text: its first 2 KB (it
-# cannot fetch the rest).  Before the task's exception come Spark's headline and the Python
-# worker's frames (about 900 characters with a site-packages install's paths), then the
-# exception's headline (at most procs.EARLY_AFTER); the compact marker fits in what is left.
-COMPACT_JSON = 560
-
-
-def compact_record(record: dict, budget: int = COMPACT_JSON) -> dict:
-    """The record cut to `budget` bytes of JSON: the error's type and message, the
-    traceback's last lines and the output's last lines, shortened in that order of
-    importance (the hint first, the message last) until it fits."""
-    out = {k: v for k, v in record.items() if k not in ("exc_blob", "traceback", "tail")}
-    tb = (record.get("traceback") or "").rstrip().splitlines()
-    frames = max((i for i, line in enumerate(tb) if line.startswith(" ")), default=-1)
-    tb = tb[:frames + 1] or tb  # the frames' last lines; the error's line is the message
-    tail = [str(line) for line in list(record.get("tail") or ())]
-    message, hint = str(out.get("message") or ""), out.get("hint")
-    steps = [  # (hint, traceback lines and chars, tail lines and chars, message chars)
-        (160, 3, 360, 2, 120, 300), (80, 2, 240, 2, 100, 240), (0, 2, 200, 1, 100, 200),
-        (0, 1, 160, 1, 80, 160), (0, 1, 120, 1, 60, 100), (0, 1, 80, 0, 0, 60)]
-    for hint_n, tb_lines, tb_n, tail_lines, tail_n, msg_n in steps:
-        if isinstance(hint, str):
-            out["hint"] = hint[:hint_n] + "..." if len(hint) > hint_n else hint
-            if not hint_n:
-                out.pop("hint")
-        out["message"] = message[:msg_n] + "..." if len(message) > msg_n else message
-        if tb:
-            out["traceback"] = "\n".join(tb[-tb_lines:])[-tb_n:]
-        out["tail"] = [line[-tail_n:] for line in tail[-tail_lines:]] if tail_lines else []
-        if len(json.dumps(out, separators=(",", ":"))) <= budget:
-            break
-    return out
-
-
-def failure_markers(record: dict) -> "tuple[str, str]":
-    """The record as two markers: a compact one (see compact_record), to be placed early in
-    the exception's text (RankFailed's `early`), and the whole, at its end."""
-    return failure_marker(compact_record(record)), failure_marker(record)
-
-
-def marked_failure(failure: Failure) -> RankFailed:
-    """What a task raises for its rank's failure: the failure's text, with the record as a
-    compact marker after its headline and whole at its end (the pickled exception stays
-    off: it is only ever taken from the authenticated log channel)."""
-    record = failure.to_dict()
-    record.pop("exc_blob", None)
-    compact, whole = failure_markers(record)
-    return RankFailed(failure, whole, early=compact)
-
-
-def parse_failure_markers(text: str) -> list:
-    """Every failure record found in `text` (a Spark exception message), in order; of the
-    records of one failure (compact and whole, see failure_markers) the fullest that arrived."""
-    out, seen = [], {}
-    for m in _MARKER_RE.finditer(text or ""):
-        try:
-            rec = json.loads(base64.b64decode(m.group(1)))
-        except ValueError:  # cut short: a client that received only the text's start
-            continue
-        if not isinstance(rec, dict):
-            continue
-        # The text carries the rank's own traceback, which anyone's message can forge:
-        # a pickled exception is only ever taken from the authenticated log channel.
-        rec.pop("exc_blob", None)
-        key, size = (rec.get("rank"), rec.get("time"), rec.get("type")), len(m.group(1))
-        if key in seen:
-            at, before = seen[key]
-            if size > before:
-                out[at], seen[key] = rec, (at, size)
-            continue
-        seen[key] = (len(out), size)
-        out.append(rec)
-    return out
 
 
 def close_listener(listener: socket.socket) -> None:

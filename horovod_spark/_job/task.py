@@ -26,7 +26,7 @@ in containers that each number their own GPUs from 0) a rank sees only its own.
 The child dies with the task: its keeper's PR_SET_PDEATHSIG (Spark SIGKILLs the
 worker of a killed task), the driver's abort frame on the log channel, and a stop of
 the keeper (`procs.stop_kept`) in `finally`.  A failure leaves the task as a
-`RankFailed` whose text carries the failure record (`logchannel.marked_failure`),
+`RankFailed` whose text carries the failure record (`markers.marked_failure`),
 and the same record goes to the driver on the log channel first.
 """
 from __future__ import annotations
@@ -48,7 +48,8 @@ from collectives.launch.channel import LauncherEnd
 from collectives.launch.procs import kept, pump, stop_kept
 from collectives.launch.record import Failure, RankResult, signal_name
 
-from .logchannel import CALLBACK_MARK, LogClient, marked_failure, split_lines
+from .logchannel import CALLBACK_MARK, LogClient, split_lines
+from .markers import marked_failure
 from ..settings import WARM_START
 
 __all__ = ["TaskSpec", "run_task"]

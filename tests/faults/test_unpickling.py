@@ -157,14 +157,14 @@ MARKER_PICKLE = ("JobFailedError.original() unpickles the exc_blob of any failur
                  "records are also parsed out of Spark's exception text (parse_failure_markers), "
                  "which carries the rank's own traceback text: an exception message that contains "
                  "'HVS-FAILURE:<base64 JSON with exc_blob>' makes the driver unpickle it "
-                 "(horovod_spark/_job/failure.py failure_of / logchannel.py parse_failure_markers; "
+                 "(horovod_spark/_job/failure.py failure_of / markers.py parse_failure_markers; "
                  "fix: drop exc_blob from records parsed out of the exception text: the task "
                  "never puts it there)")
 
 
 def test_a_failure_record_forged_in_spark_exception_text_is_never_unpickled(tmp_path):
     from horovod_spark._job.failure import JobFailedError, failure_of
-    from horovod_spark._job.logchannel import failure_marker
+    from horovod_spark._job.markers import failure_marker
 
     target = tmp_path / "unpickled"
     blob = base64.b64encode(cloudpickle.dumps(attacks.Bomb(str(target)))).decode()

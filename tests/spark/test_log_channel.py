@@ -13,8 +13,8 @@ import pytest
 import _spark_support  # noqa: F401  (puts the repository on sys.path)
 from collectives.launch.record import Failure
 
-from horovod_spark._job.logchannel import (CALLBACK_MARK, LineSink, LogClient, LogServer, failure_marker,
-                                          marked_failure, parse_failure_markers)
+from horovod_spark._job.logchannel import CALLBACK_MARK, LineSink, LogClient, LogServer
+from horovod_spark._job.markers import failure_marker, marked_failure, parse_failure_markers
 
 SECRET = os.urandom(32)
 JOB = "hvs-test/a0"
