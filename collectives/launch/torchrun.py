@@ -7,9 +7,11 @@ their own.  Every launcher of the package sets them (`torchrun_environ`) beside 
 HVS_* variables, from the same placement.
 
 Terms.  The *master* is rank 0's address; its *port* is one that rank 0's launcher
-*reserves* on that address (`reserve_port`): a socket bound there with SO_REUSEADDR and
-never listening, held until the job ends, so no other process is given the port while
-torch's TCPStore in rank 0 can still bind it (it sets SO_REUSEADDR too).  A *layout*
+*reserves* (`reserve_port`): a socket bound to the port on every address of the family
+(torch's TCPStore listens on every address, not MASTER_ADDR alone) with SO_REUSEADDR and
+never listening, held until the job ends, so no other process is given the port, neither
+to listen nor as an outgoing connection's local port on another address, while torch's
+TCPStore in rank 0 can still bind it (it sets SO_REUSEADDR too).  A *layout*
 says what a node is: `hosts` (torchrun's: the ranks of a host are one node, LOCAL_RANK
 is the rank's order on its host, as Horovod's local rank) or `tasks` (pyspark's
 TorchDistributor on a cluster: every rank is a node of one process, LOCAL_RANK 0).
@@ -29,13 +31,16 @@ VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
 
 
 def reserve_port(address: str) -> socket.socket:
-    """A socket that holds a free port of `address` for torch's store (see the module
-    docstring); its port is `.getsockname()[1]`.  Close it when the job ends."""
+    """A socket that holds a port free on every address of `address`'s family for torch's
+    store (see the module docstring); its port is `.getsockname()[1]`.  Close it when the
+    job ends.  A port bound on `address` alone could be in use on another address (an
+    outgoing connection's local port on loopback), where the store's listener then fails
+    with EADDRINUSE."""
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((address, 0))
+        sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", 0))
     except OSError:
         sock.close()
         raise

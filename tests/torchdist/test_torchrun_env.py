@@ -65,20 +65,26 @@ def test_the_master_port_is_free_for_torch_and_taken_for_everyone_else(spark):
 
         import torch.distributed as dist
         addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-        other = socket.socket()
-        try:
-            other.bind((addr, port))
-            taken = False
-        except OSError as exc:
-            taken = exc.errno == errno.EADDRINUSE
-        finally:
-            other.close()
+        taken = []
+        # torch's TCPStore listens on every address, so the port must be held on every
+        # address: one bound on the task's address only was also handed to connections on
+        # loopback (an outgoing connection's local port), and the store then failed with
+        # EADDRINUSE.
+        for where in (addr, "127.0.0.1", "0.0.0.0"):
+            other = socket.socket()
+            try:
+                other.bind((where, port))
+                taken.append(False)
+            except OSError as exc:
+                taken.append(exc.errno == errno.EADDRINUSE)
+            finally:
+                other.close()
         dist.init_process_group("gloo")  # rank 0's TCPStore binds that very port
         dist.barrier()
         dist.destroy_process_group()
         return taken
 
-    assert horovod_spark.run(bind_it, num_proc=2, verbose=0) == [True, True]
+    assert horovod_spark.run(bind_it, num_proc=2, verbose=0) == [[True] * 3] * 2
 
 
 def _run_cli(args, tmp_path, env=None):
