@@ -1,4 +1,5 @@
-"""Spark ML estimators: TorchEstimator, KerasEstimator, their Models, and the Store.
+"""Spark ML estimators: TorchEstimator, LightningEstimator (a LightningModule),
+KerasEstimator, their Models, and the Store.
 
     from horovod_spark.estimator import TorchEstimator
     est = TorchEstimator(num_proc=2, model=net, optimizer=torch.optim.Adam(net.parameters()),
@@ -43,11 +44,12 @@ from horovod_spark.estimator.store import (DBFSLocalStore, FilesystemStore, HDFS
                                            Store)
 from horovod_spark.estimator.trainer import EarlyStopping
 
-__all__ = ["TorchEstimator", "TorchModel", "KerasEstimator", "KerasModel",
+__all__ = ["TorchEstimator", "TorchModel", "LightningEstimator", "KerasEstimator", "KerasModel",
            "Store", "LocalStore", "FilesystemStore", "DBFSLocalStore", "HDFSStore",
            "EarlyStopping", "SparkBackend"]
 
 _LAZY = {"TorchEstimator": "torch_estimator", "TorchModel": "torch_estimator",
+         "LightningEstimator": "lightning_estimator",
          "KerasEstimator": "keras_estimator", "KerasModel": "keras_estimator"}
 
 
