@@ -10,19 +10,25 @@ outlives the ranks (see `horovod_spark.common.elastic` for the rank side).  A fa
 world (a rank that died, a lost executor or peer) *resets* the job: the next attempt
 starts from the last commit, after at most `reset_limit` resets.  A failure of the
 function itself (its own exception, a result too large, the job's timeout) is raised at
-once: running it again from the same commit would fail the same way.
+once: running it again from the same commit would fail the same way.  *Growing*: while an
+attempt runs the driver watches the free slots; when more are free than the attempt has
+ranks (up to `max_np`), it puts an offer in the attempt's store, every rank raises
+HostsUpdatedInterrupt at its next commit, and the next attempt starts with more ranks
+from that commit (no reset counted, no work lost).
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
+import threading
 import time
 from typing import Callable, List, Optional, Tuple
 
 from collectives.errors import describe
 from collectives.launch.record import Failure
 
-from ..common.elastic import World, commit_key, world_key
+from ..common.elastic import World, commit_key, grow_key, world_key
 from . import checks
 from .failure import JobFailedError
 
@@ -98,6 +104,7 @@ class Keeper:
 
     def __init__(self) -> None:
         self.blob: Optional[bytes] = None
+        self.live: Optional[tuple] = None  # (store, job) of the attempt that runs
 
     def seed(self, store, job: str, attempt: int, np_: int) -> None:
         """Before the attempt's ranks start: the world record, and the commit if there is one."""
@@ -108,9 +115,11 @@ class Keeper:
         if self.blob is not None:
             store.set(commit_key(job), self.blob)
         store.set(world_key(job), World(attempt, np_, self.blob is not None).encode())
+        self.live = (store, job)
 
     def keep(self, store, job: str) -> None:
         """After the attempt: the last state its rank 0 committed, if it committed any."""
+        self.live = None
         key = commit_key(job)
         if store.check(key):
             self.blob = store.get(key)
@@ -141,6 +150,38 @@ def elastic_slots(cluster, eopts: ElasticOptions, timeout: float, say,
         time.sleep(0.2)
 
 
+def offer_growth(cluster, keeper: Keeper, np_: int, eopts: ElasticOptions, stop, say,
+                 every: float = 1.0) -> None:
+    """While an attempt of np_ ranks runs (until `stop`): once more slots are free than it
+    has ranks, up to max_np, the offer goes into its store (see the module docstring)."""
+    if np_ >= eopts.max_np:
+        return
+    while not stop.wait(every):
+        live = keeper.live
+        if live is None:
+            continue
+        try:
+            slots = cluster.available_slots()
+        except Exception:  # the session is busy or going away: look again
+            continue
+        if slots is None or min(slots, eopts.max_np) <= np_:
+            continue
+        store, job = live
+        grown = min(slots, eopts.max_np)
+        try:
+            store.set(grow_key(job), json.dumps({"from": np_, "to": grown}).encode())
+        except Exception:  # the attempt ended meanwhile
+            return
+        say(f"elastic job: {slots} barrier slots now, {np_} ranks: growing to {grown} at the "
+            f"next commit")
+        return
+
+
+def _grew(failure: Failure) -> bool:
+    """Whether an attempt ended at a commit because the driver offered more slots."""
+    return failure.error_type == "HostsUpdatedInterrupt"
+
+
 def _attempts(opts, eopts: ElasticOptions, size_of: Callable[[int, tuple], int],
               attempt: Callable[[int, int], list], files) -> list:
     """Run attempts until one returns (see the module docstring)."""
@@ -152,6 +193,11 @@ def _attempts(opts, eopts: ElasticOptions, size_of: Callable[[int, tuple], int],
             return attempt(number, np_)
         except JobFailedError as err:
             failure = err.failure
+            if _grew(failure):
+                opts.say(1, f"elastic job: attempt {number + 1} ({np_} ranks) ended at a commit "
+                            f"to grow; resuming from it")
+                number += 1
+                continue
             if failure.kind not in RESETTING:
                 raise
             history.append(Attempt(number + 1, np_, failure))
@@ -184,7 +230,18 @@ def run_elastic_on_spark(spark, payload: bytes, opts, eopts: ElasticOptions, fil
         job.resize(np_)
         return np_
 
-    rows = _attempts(opts, eopts, size_of, lambda n, _np: job.attempt(n, payload), files)
+    def attempt(number: int, np_: int) -> list:
+        stop = threading.Event()
+        watch = threading.Thread(target=offer_growth, daemon=True, name="elastic-growth",
+                                 args=(job.cluster, job.keeper, np_, eopts, stop, say))
+        watch.start()
+        try:
+            return job.attempt(number, payload)
+        finally:
+            stop.set()
+            watch.join(5)
+
+    rows = _attempts(opts, eopts, size_of, attempt, files)
     return job.values(rows)
 
 

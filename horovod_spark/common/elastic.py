@@ -19,7 +19,7 @@ import json
 from typing import Any, Callable, Dict, List, Optional
 
 __all__ = ["State", "ObjectState", "run", "HostsUpdatedInterrupt", "World", "world_key",
-           "commit_key"]
+           "commit_key", "grow_key"]
 
 
 def world_key(job: str) -> str:
@@ -28,6 +28,12 @@ def world_key(job: str) -> str:
 
 def commit_key(job: str) -> str:
     return f"{job}/elastic/commit"
+
+
+def grow_key(job: str) -> str:
+    """Set by the driver when more barrier slots are free than the attempt has ranks: the
+    ranks end the attempt at their next commit, and the next one has more of them."""
+    return f"{job}/elastic/grow"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,8 +52,9 @@ class World:
 
 
 class HostsUpdatedInterrupt(RuntimeError):
-    """Horovod's signal that the hosts changed.  Here the world changes only between
-    attempts, so `check_host_updates()` never raises it; it exists for `except` clauses."""
+    """Horovod's signal that the hosts changed.  Raised on every rank by `commit()` (its
+    `check_host_updates()`) when the driver offers more slots: the attempt ends there and
+    the driver starts the next one, with more ranks, from that commit."""
 
     def __init__(self, skip_sync: bool = False) -> None:
         super().__init__("the hosts of the job changed")
@@ -63,6 +70,9 @@ class _Link:
     def committed(self) -> Optional[bytes]:
         key = commit_key(self.job)
         return self.store.get(key) if self.store.check(key) else None
+
+    def grow_offered(self) -> bool:
+        return self.store.check(grow_key(self.job))
 
     def commit(self, blob: bytes) -> None:
         from collectives.rendezvous.store import MAX_VALUE
@@ -120,7 +130,7 @@ class State:
             callback()
 
     def on_hosts_updated(self, timestamp: float, update_res: Any = None) -> None:
-        """Horovod's notification hook; hosts change only between attempts here."""
+        """Horovod's notification hook; here the driver's offer is read at each commit."""
 
     def commit(self) -> None:
         """Save the state and, in an elastic job, send rank 0's copy to the driver, so the
@@ -134,8 +144,17 @@ class State:
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
-        """Horovod raises HostsUpdatedInterrupt here when hosts joined or left; on Spark the
-        stage's tasks are fixed, so the world changes between attempts and this returns."""
+        """HostsUpdatedInterrupt on every rank when the driver offered more slots (rank 0
+        reads the offer and broadcasts it, as Horovod broadcasts its host updates, so every
+        rank raises at the same commit).  A barrier stage cannot take new tasks: the attempt
+        ends here and the next one starts with more ranks from this commit.  Outside an
+        elastic job: nothing (no collective either)."""
+        home = link()
+        if home is None:
+            return
+        offered = home.grow_offered() if self._rank() == 0 else None
+        if self._bcast_object(offered):
+            raise HostsUpdatedInterrupt(skip_sync=False)
 
     def save(self) -> None:
         raise NotImplementedError
@@ -199,7 +218,8 @@ def run(func: Callable) -> Callable:
     In an elastic job (`horovod_spark.run_elastic`), rank 0 loads the state the driver kept
     from an earlier attempt, `state.sync()` gives it to every rank, and the reset callbacks
     run; the first attempt just syncs.  A failure is not caught here: the attempt ends and
-    the driver starts the next one.
+    the driver starts the next one; so does HostsUpdatedInterrupt (more slots offered,
+    raised at a commit), with more ranks.
     """
     @functools.wraps(func)
     def wrapper(state: State, *args, **kwargs):

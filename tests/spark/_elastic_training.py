@@ -26,12 +26,15 @@ def new_model():
 
 
 def train(steps: int, commit_every: int, kill_at=None, marker=None, victim: int = 1,
-          kill="rank"):
+          kill="rank", pause: float = 0.0, grow_to=None):
     """Every rank's (first step of this attempt, world size, weights, optimizer momentum,
-    whether the reset callback ran).  `kill_at`: after that step of the first attempt (the
-    marker file says it happened), the victim rank SIGKILLs itself ("rank") or its executor's
-    JVM ("executor")."""
+    the world sizes the reset callback saw).  `kill_at`: after that step of the first attempt
+    (the marker file says it happened), the victim rank SIGKILLs itself ("rank") or its
+    executor's JVM ("executor").  `pause`: seconds after each step.  `grow_to`: after the
+    last step, commit every 0.25 s (at most 480 times) until the world has that many ranks
+    (the driver grows it at a commit when Spark offers the slots)."""
     import os
+    import time
 
     import torch
 
@@ -61,6 +64,12 @@ def train(steps: int, commit_every: int, kill_at=None, marker=None, victim: int 
             if state.step == kill_at and r == victim and not os.path.exists(marker):
                 open(marker, "w").close()
                 _die(kill)
+            time.sleep(pause)
+        for _ in range(480 if grow_to else 0):  # a count, not a clock: every rank stops alike
+            if hvd.size() >= grow_to:
+                break
+            time.sleep(0.25)
+            state.commit()
         momentum = [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()]
         return first, hvd.size(), [p.detach().clone() for p in model.parameters()], momentum, \
             resets

@@ -104,14 +104,29 @@ def test_ranks_with_gpus_never_fork_from_a_zygote(spark):
     assert horovod_spark.run(with_torch, num_proc=2) == [False, False]
 
 
-def test_an_executor_killed_mid_training_resumes_from_the_last_commit_on_the_slots_left(spark,
-                                                                                         tmp_path):
+def test_an_executor_killed_mid_training_shrinks_the_world_and_new_slots_grow_it_again(
+        spark, tmp_path, capfd):
     """SIGKILL of rank 1's executor JVM after step 7: the next attempt starts from the commit
-    at step 6 with the slots there are then (1 or 2: Spark's Worker starts a new executor)."""
+    at step 6 with the slots there are then (1, until Spark's Worker has started a new
+    executor); once the new executor is there the driver offers its slot, every rank raises
+    HostsUpdatedInterrupt at its next commit, and the last attempt has 2 ranks again, from
+    that commit: the same training as one process, no reset counted for the growth."""
     marker = str(tmp_path / "killed")
-    out = horovod_spark.run_elastic(training.train, args=(10, 3, 7, marker, 1, "executor"),
-                                    num_proc=2, min_num_proc=1, max_num_proc=2, reset_limit=1)
-    size = out[0][1]  # one reset (the callback ran once, on the new world), from step 6:
-    assert len(out) == size and [r[:2] + (r[4],) for r in out] == [(6, size, [size])] * size
+    out = horovod_spark.run_elastic(training.train,
+                                    args=(10, 3, 7, marker, 1, "executor", 0.2, 2),
+                                    num_proc=2, min_num_proc=1, max_num_proc=2, reset_limit=1,
+                                    verbose=1)
+    said = capfd.readouterr().err
+    first, size, _, _, resets = out[0]
+    assert size == 2 and len(out) == 2 and all(r[:2] + (r[4],) == out[0][:2] + (resets,)
+                                               for r in out)
+    assert resets == [2]  # the last attempt's callback, on its world
+    if first > 6:  # the usual case: the attempt after the loss had 1 rank, then grew
+        assert "elastic job: attempt 1 (2 ranks): rank 1" in said, said
+        assert "1 ranks: growing to 2 at the next commit" in said, said
+        assert "attempt 2 (1 ranks) ended at a commit to grow" in said, said
+        assert first in (9, 10), first  # a commit of the 1-rank attempt
+    else:  # the new executor was up before the next attempt began: no growth to see
+        assert first == 6 and "grow" not in said, said
     for got, want in zip(out[0][2], training.reference(10)):  # the same training, one process
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
