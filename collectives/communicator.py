@@ -70,7 +70,8 @@ class Communicator:
 
         config = config or Config()
         mesh = build_mesh(store, rank, size, host, bind_addr, secret, prefix,
-                          config.connect_timeout, force_tcp=config.force_tcp)
+                          config.connect_timeout, force_tcp=config.force_tcp,
+                          integrity=config.mesh_integrity)
         comm = cls(NativeBackend(mesh, store, config, prefix), config, store=store, prefix=prefix)
         comm._boot = (host, bind_addr, secret)
         return comm
@@ -187,16 +188,19 @@ class Communicator:
         return self._run("allreduce", (name, src), run, async_op)
 
     def allreduce_flat(self, src: np.ndarray, dst: np.ndarray, dtype: DType, op: ReduceOp,
-                       postscale: float = 1.0, name: Optional[str] = None) -> None:
+                       postscale: float = 1.0, name: Optional[str] = None,
+                       control: bool = False) -> None:
         """The fusion engine's allreduce: flat, C-contiguous CPU arrays of `dtype` that it
         checked when they were submitted, and an op the backend reduces (not AVERAGE).
+        `control`: the engine's own coordination (`Backend.control_allreduce`).
 
         Numbered and guarded like every op; it only skips the checks and conversions of
         `allreduce`, which cost more than the collective itself for a small buffer."""
         backend = self.backend
+        reduce = backend.control_allreduce if control else backend.allreduce
 
         def run():
-            backend.allreduce(src, dst, dtype, op)
+            reduce(src, dst, dtype, op)
             if postscale != 1.0:
                 B.scale_(dst, dtype, postscale)
 
@@ -234,7 +238,7 @@ class Communicator:
         meta[:3] = (shape[0], len(shape), int(src.dtype))
         meta[3:3 + len(shape) - 1] = shape[1:]
         allmeta = np.empty(_META * self.size, np.int64)
-        self.backend.allgather(meta, allmeta, DType.INT64, [_META] * self.size)
+        self.backend.control_allgather(meta, allmeta, DType.INT64, [_META] * self.size)
         allmeta = allmeta.reshape(self.size, _META)
         if not (allmeta[:, 1:] == allmeta[0, 1:]).all():
             shapes = "; ".join(f"rank {r}: {DType(int(m[2])).name.lower()}"
@@ -244,18 +248,21 @@ class Communicator:
                                          **self._ctx(what)))
         return allmeta
 
-    def allgather(self, x, async_op: bool = False, name: Optional[str] = None):
-        """Concatenate every rank's x along dim 0 (first dims may differ)."""
+    def allgather(self, x, async_op: bool = False, name: Optional[str] = None,
+                  control: bool = False):
+        """Concatenate every rank's x along dim 0 (first dims may differ).  `control`: the
+        job's own coordination (`Backend.control_allgather`)."""
         src = B.as_buf(x, what="allgather input")
         shape = src.shape if src.shape else (1,)
         row = _numel(shape[1:])
         backend = self._backend_for(src)
         kw = self._stream(backend, src)
+        gather = backend.control_allgather if control and not kw else backend.allgather
 
         def run():
             rows = [int(m[0]) for m in self._gather_meta(src, "allgather")]
             dst = B.empty_for(src, sum(rows) * row)
-            backend.allgather(src.flat, dst, src.dtype, [r * row for r in rows], **kw)
+            gather(src.flat, dst, src.dtype, [r * row for r in rows], **kw)
             return src.wrap(dst.reshape((sum(rows),) + tuple(shape[1:])))
 
         return self._run("allgather", (name, src), run, async_op)

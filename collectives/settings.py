@@ -130,6 +130,10 @@ SETTINGS = (
             "bytes of shared-memory staging per local rank"),
     _config("HOROVOD_SPARK_SHM_CMA", "shm_cma", True, parse_bool,
             "large allreduces within a host read the peers' buffers in place"),
+    _config("HOROVOD_SPARK_MESH_INTEGRITY", "mesh_integrity", "control", str.lower,
+            "what the native TCP transport tags after the handshake (HMAC-SHA256): control "
+            "(op headers, mismatch notices, the job's coordination), payload (and every op's "
+            "data), off; the same on every rank"),
     ZYGOTE_IDLE_S,
     FINISH_GRACE,
 )
@@ -183,6 +187,9 @@ class Config:
     #: Large allreduces between ranks of one host read the peers' buffers in place
     #: (cross-memory attach), where the kernel allows it; False on any rank: never.
     shm_cma: bool = True
+    #: What the native TCP transport tags after the handshake: "control", "payload" or "off"
+    #: (HOROVOD_SPARK_MESH_INTEGRITY; docs/security.md).
+    mesh_integrity: str = "control"
 
     def __post_init__(self) -> None:
         for name in ("timeout", "connect_timeout"):
@@ -192,6 +199,9 @@ class Config:
             raise ValueError(f"Config.fusion_threshold must be >= 0 bytes, got {self.fusion_threshold}")
         if self.cycle_time_ms < 0:
             raise ValueError(f"Config.cycle_time_ms must be >= 0, got {self.cycle_time_ms}")
+        if self.mesh_integrity not in ("control", "payload", "off"):
+            raise ValueError(f"Config.mesh_integrity must be control, payload or off, got "
+                             f"{self.mesh_integrity!r} (HOROVOD_SPARK_MESH_INTEGRITY)")
         if self.backend not in ("auto", "native", "mpi", "nccl"):
             raise ValueError(f"Config.backend must be auto, native, mpi or nccl, got {self.backend!r}")
         try:  # a level name in any case, Horovod's TRACE and FATAL too

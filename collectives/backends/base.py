@@ -108,6 +108,15 @@ class Backend:
         """dst = concat over ranks r of rank r's src (counts[r] elements)."""
         self._refuse("allgather")
 
+    # The job's own coordination (the fusion engine's negotiation and cycle vector, shapes
+    # before an allgather): a backend that tags frames tags these even where it leaves the
+    # payload of other ops untagged (the native one: native/src/tcp/mac.h).
+    def control_allreduce(self, src, dst, dtype: DType, op: ReduceOp) -> None:
+        self.allreduce(src, dst, dtype, op)
+
+    def control_allgather(self, src, dst, dtype: DType, counts: Sequence[int]) -> None:
+        self.allgather(src, dst, dtype, counts)
+
     def broadcast(self, buf, dtype: DType, root: int) -> None:
         """buf on every rank = buf on root."""
         self._refuse("broadcast")

@@ -102,13 +102,18 @@ class NativeBackend(Backend):
         opts.cma_chunk = int(tune["cma_chunk"])
         opts.cma = bool(config.shm_cma)
         opts.tcp_chunk = int(tune["tcp_chunk"])
+        opts.seal_payload = mesh.integrity == "payload"
         fds = [-1] * topo.size
         for peer, sock in mesh.socks.items():
             sock.setblocking(False)
             fds[peer] = sock.fileno()
+        keys = [b""] * topo.size
+        if mesh.integrity != "off":
+            for peer, key in mesh.keys.items():
+                keys[peer] = key
         try:
             segment = self._shared_memory(store, prefix)
-            self._ctx = _native.Context(opts, fds, segment, list(mesh.addresses))
+            self._ctx = _native.Context(opts, fds, segment, list(mesh.addresses), keys)
         except BaseException:
             self.close()  # the mesh is ours now: no socket outlives a failed bootstrap
             raise
@@ -223,6 +228,12 @@ class NativeBackend(Backend):
 
     def allgather(self, src, dst, dtype: DType, counts: Sequence[int]) -> None:
         self._native().allgather(src, dst, int(dtype), [int(c) for c in counts])
+
+    def control_allreduce(self, src, dst, dtype: DType, op: ReduceOp) -> None:
+        self._native().allreduce(src, dst, int(dtype), int(op), control=True)
+
+    def control_allgather(self, src, dst, dtype: DType, counts: Sequence[int]) -> None:
+        self._native().allgather(src, dst, int(dtype), [int(c) for c in counts], control=True)
 
     def broadcast(self, buf, dtype: DType, root: int) -> None:
         self._native().broadcast(buf, int(dtype), int(root))

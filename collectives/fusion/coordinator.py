@@ -92,7 +92,7 @@ def _split(blob: np.ndarray, lengths: Sequence[int]) -> List[bytes]:
 def gather_announcements(comm, payload: bytes, lengths: Sequence[int]) -> List[List[Signature]]:
     """Every rank's announcements, in rank order (lengths came with the vector)."""
     blob = comm.allgather(np.frombuffer(payload, np.uint8) if payload else np.zeros(0, np.uint8),
-                          name="fusion.negotiate")
+                          name="fusion.negotiate", control=True)
     return [[Signature.from_json(item) for item in json.loads(part)] if part else []
             for part in _split(np.asarray(blob), lengths)]
 
@@ -104,6 +104,7 @@ def encode(sigs: List[Signature]) -> bytes:
 def gather_json(comm, obj, name: str) -> list:
     """Every rank's JSON-able obj, in rank order (two allgathers: lengths, then bytes)."""
     data = json.dumps(obj, separators=(",", ":")).encode()
-    lengths = np.asarray(comm.allgather(np.array([len(data)], np.int64), name=f"{name}.lengths"))
-    blob = comm.allgather(np.frombuffer(data, np.uint8), name=name)
+    lengths = np.asarray(comm.allgather(np.array([len(data)], np.int64), name=f"{name}.lengths",
+                                        control=True))
+    blob = comm.allgather(np.frombuffer(data, np.uint8), name=name, control=True)
     return [json.loads(part) for part in _split(np.asarray(blob), [int(v) for v in lengths])]

@@ -308,7 +308,7 @@ class FusionEngine:
         if self.size == 1:
             return self._cycle_alone(t0)
         vec, payload = self._vector()
-        self._comm.allreduce_flat(vec, vec, _INT32, _SUM, name="fusion.coordinate")
+        self._comm.allreduce_flat(vec, vec, _INT32, _SUM, name="fusion.coordinate", control=True)
         self._cycle_rest(vec, payload, t0)
 
     def _cycle_rest(self, vec, payload: bytes, t0: float) -> None:

@@ -81,6 +81,11 @@ class Channel:
             h.update(part)
         self.check(h, tag)
 
+    def derive(self, label: bytes) -> bytes:
+        """A key of this connection alone for `label` (the native mesh's frame tags:
+        native/src/tcp/mac.h), never one of the frames' keys here."""
+        return hmac.new(self._key, b"derive|" + label, hashlib.sha256).digest()
+
     def _start(self, role: bytes, seq: int):
         return hmac.new(self._key, role + seq.to_bytes(8, "big"), hashlib.sha256)
 

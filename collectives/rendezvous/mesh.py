@@ -5,9 +5,12 @@ interface), publishes `host:port`, its host identity and pid through the
 store in one collective round (with the identity of the /dev/shm it sees, which
 splits a host into shared-memory groups), then connects to every lower rank and accepts
 every higher one.  A connection proves the job secret (mutual HMAC) before
-its first payload byte, the peer's rank, is read; one that fails is dropped
-and the listener keeps waiting for the real peer, so a stray or hostile
-connection never harms the job.
+its first payload byte, the peer's rank (sent with the handshake channel's tag),
+is read; one that fails is dropped and the listener keeps waiting for the real
+peer, so a stray or hostile connection never harms the job.  Each connection
+then has its *link key* (`auth.Channel.derive`), with which the native
+transport tags every frame it sends there (native/src/tcp/mac.h); the ranks
+agree on how much they tag (`INTEGRITY`) before any frame moves.
 """
 from __future__ import annotations
 
@@ -26,7 +29,13 @@ from ..backends.base import Topology
 from ..errors import AuthenticationError, CollectiveTimeout, PeerLostError, describe
 from .store import Store
 
-__all__ = ["Mesh", "build_mesh"]
+__all__ = ["Mesh", "build_mesh", "INTEGRITY"]
+
+#: What the native transport tags (HOROVOD_SPARK_MESH_INTEGRITY): "control" (op headers,
+#: mismatch notices and the job's coordination ops), "payload" (and every op's payload),
+#: "off" (nothing after the handshake).
+INTEGRITY = ("control", "payload", "off")
+_LINK_LABEL = b"native mesh frames"
 
 
 @dataclasses.dataclass
@@ -36,6 +45,8 @@ class Mesh:
     pids: tuple
     addresses: tuple
     rejected: int = 0  # connections dropped for failing the handshake
+    keys: Dict[int, bytes] = dataclasses.field(default_factory=dict)  # link key per peer
+    integrity: str = "control"  # what the native transport tags (INTEGRITY)
 
     def close(self) -> None:
         for s in self.socks.values():
@@ -77,9 +88,10 @@ def _shm_groups(peers: list, force_tcp: bool) -> tuple:
     return tuple(f"{p['host']}|{p.get('shm', '')}" for p in peers)
 
 
-def _publish(store, rank, size, host, listener, prefix, timeout):
+def _publish(store, rank, size, host, listener, prefix, timeout, integrity):
     addr, port = listener.getsockname()[:2]
-    me = {"host": host, "addr": addr, "port": port, "pid": os.getpid(), "shm": shm_identity()}
+    me = {"host": host, "addr": addr, "port": port, "pid": os.getpid(), "shm": shm_identity(),
+          "integrity": integrity}
     store.set(f"{prefix}/mesh/rank/{rank}", json.dumps(me).encode())
     peers = []
     for r in range(size):
@@ -89,10 +101,17 @@ def _publish(store, rank, size, host, listener, prefix, timeout):
             raise CollectiveTimeout(describe(
                 "rank never published its address", rank=rank, size=size, op="bootstrap",
                 peer=r, timeout=timeout, hint="did every rank start and call init()?")) from None
+    said = {p.get("integrity") for p in peers}
+    if len(said) > 1:
+        raise ValueError(describe(
+            "ranks disagree on HOROVOD_SPARK_MESH_INTEGRITY: " + ", ".join(
+                f"rank {r}: {p.get('integrity')}" for r, p in enumerate(peers)),
+            rank=rank, size=size, op="bootstrap",
+            hint="give every rank the same value (the job's environment)"))
     return peers
 
 
-def _accept_peers(listener, rank, size, secret, deadline, socks, errors, stats):
+def _accept_peers(listener, rank, size, secret, deadline, socks, errors, stats, keys):
     """Accept every higher rank; each handshake runs in its own thread, so a silent
     or slow stranger never holds up the real peers behind it, and at most
     MAX_PENDING wait at once, as at every other server (`accept.AcceptGate`)."""
@@ -101,10 +120,14 @@ def _accept_peers(listener, rank, size, secret, deadline, socks, errors, stats):
     gate = AcceptGate()
 
     def vet(conn):
+        key = None
         try:
             left = max(min(deadline - time.monotonic(), 10.0), 0.1)
-            auth.server_handshake(conn, secret, "mesh", timeout=left)
-            peer = struct.unpack(">i", auth.recv_exact(conn, 4, time.monotonic() + left))[0]
+            channel = auth.server_handshake(conn, secret, "mesh", timeout=left)
+            said = auth.recv_exact(conn, 4 + auth.MAC, time.monotonic() + left)
+            channel.open(said[4:], said[:4])
+            peer = struct.unpack(">i", said[:4])[0]
+            key = channel.derive(_LINK_LABEL)
         except (AuthenticationError, OSError, ConnectionError):
             peer = None
         finally:
@@ -116,6 +139,7 @@ def _accept_peers(listener, rank, size, secret, deadline, socks, errors, stats):
                 return
             want.discard(peer)
             socks[peer] = _tune(conn)
+            keys[peer] = key
             if not want:
                 done.set()
 
@@ -146,9 +170,10 @@ def _connect_peer(rank, size, peer, info, secret, deadline):
         sock = None
         try:
             sock = socket.create_connection((info["addr"], info["port"]), timeout=min(5.0, left))
-            auth.client_handshake(sock, secret, "mesh", timeout=min(10.0, left))
-            sock.sendall(struct.pack(">i", rank))
-            return _tune(sock)
+            channel = auth.client_handshake(sock, secret, "mesh", timeout=min(10.0, left))
+            said = struct.pack(">i", rank)
+            sock.sendall(said + channel.seal(said))
+            return _tune(sock), channel.derive(_LINK_LABEL)
         except (OSError, AuthenticationError) as exc:
             if sock is not None:
                 sock.close()
@@ -159,22 +184,28 @@ def _connect_peer(rank, size, peer, info, secret, deadline):
 
 
 def build_mesh(store: Store, rank: int, size: int, host: str, bind_addr: str, secret: bytes,
-               prefix: str, timeout: float, force_tcp: bool = False) -> Mesh:
+               prefix: str, timeout: float, force_tcp: bool = False,
+               integrity: str = "control") -> Mesh:
     """Connect every pair of ranks; see the module docstring."""
     if not 0 <= rank < size:
         raise ValueError(f"rank {rank} is outside the world of size {size}")
+    if integrity not in INTEGRITY:
+        raise ValueError(f"HOROVOD_SPARK_MESH_INTEGRITY must be one of {', '.join(INTEGRITY)}, "
+                         f"got {integrity!r}")
     listener = socket.create_server((bind_addr, 0), backlog=max(size, 16))
     try:
-        peers = _publish(store, rank, size, host, listener, prefix, timeout)
+        peers = _publish(store, rank, size, host, listener, prefix, timeout, integrity)
         deadline = time.monotonic() + timeout
         socks: Dict[int, socket.socket] = {}
+        keys: Dict[int, bytes] = {}
         errors: list = []
         stats = {"rejected": 0}
         acceptor = threading.Thread(target=_accept_peers, daemon=True,
-                                    args=(listener, rank, size, secret, deadline, socks, errors, stats))
+                                    args=(listener, rank, size, secret, deadline, socks, errors,
+                                          stats, keys))
         acceptor.start()
         for peer in range(rank):
-            socks[peer] = _connect_peer(rank, size, peer, peers[peer], secret, deadline)
+            socks[peer], keys[peer] = _connect_peer(rank, size, peer, peers[peer], secret, deadline)
         acceptor.join()
         if errors:
             for s in socks.values():
@@ -187,4 +218,4 @@ def build_mesh(store: Store, rank: int, size: int, host: str, bind_addr: str, se
     topo = Topology(rank=rank, size=size, hosts=hosts, addresses=addresses,
                     shm_groups=_shm_groups(peers, force_tcp))
     return Mesh(topology=topo, socks=socks, pids=tuple(p["pid"] for p in peers),
-                addresses=addresses, rejected=stats["rejected"])
+                addresses=addresses, rejected=stats["rejected"], keys=keys, integrity=integrity)

@@ -16,6 +16,7 @@
 #include "lane/lane.h"
 #include "reduce.h"
 #include "shm/segment.h"
+#include "tcp/mac.h"
 
 namespace py = pybind11;
 using namespace py::literals;
@@ -38,6 +39,7 @@ const char* exception_name(Code code) {
     case Code::kTimeout: return "CollectiveTimeout";
     case Code::kMismatch: return "MismatchError";
     case Code::kNotSupported: return "NotSupported";
+    case Code::kIntegrity: return "AuthenticationError";
     default: return "CollectiveError";
   }
 }
@@ -116,11 +118,15 @@ struct PySegment {
 
 class PyContext {
  public:
-  PyContext(ContextOptions opt, std::vector<int> fds, PySegment* seg, std::vector<std::string> addresses)
+  PyContext(ContextOptions opt, std::vector<int> fds, PySegment* seg, std::vector<std::string> addresses,
+            std::vector<py::bytes> keys)
       : addresses_(std::move(addresses)) {
     if (static_cast<int>(opt.hosts.size()) != opt.size || static_cast<int>(opt.pids.size()) != opt.size)
       throw py::value_error("hosts and pids need one entry per rank");
-    ctx_.reset(new Context(std::move(opt), std::move(fds), seg ? std::move(seg->seg) : nullptr));
+    if (!keys.empty() && static_cast<int>(keys.size()) != opt.size)
+      throw py::value_error("keys: one link key per rank (b'' for none), or none at all");
+    std::vector<std::string> raw(keys.begin(), keys.end());
+    ctx_.reset(new Context(std::move(opt), std::move(fds), seg ? std::move(seg->seg) : nullptr, raw));
   }
 
   template <typename F>
@@ -160,11 +166,13 @@ void bind_context(py::module_& m) {
       .def_readwrite("cma_bytes", &ContextOptions::cma_bytes)
       .def_readwrite("cma_chunk", &ContextOptions::cma_chunk)
       .def_readwrite("cma", &ContextOptions::cma)
-      .def_readwrite("tcp_chunk", &ContextOptions::tcp_chunk);
+      .def_readwrite("tcp_chunk", &ContextOptions::tcp_chunk)
+      .def_readwrite("seal_payload", &ContextOptions::seal_payload);
 
   py::class_<PyContext>(m, "Context")
-      .def(py::init<ContextOptions, std::vector<int>, PySegment*, std::vector<std::string>>(),
-           "options"_a, "fds"_a, "segment"_a, "addresses"_a)
+      .def(py::init<ContextOptions, std::vector<int>, PySegment*, std::vector<std::string>,
+                    std::vector<py::bytes>>(),
+           "options"_a, "fds"_a, "segment"_a, "addresses"_a, "keys"_a = std::vector<py::bytes>())
       .def_property_readonly("hierarchical", [](PyContext& c) { return c.ctx_->hierarchical(); })
       .def_property_readonly("cma", [](PyContext& c) { return std::string(c.ctx_->cma_state()); })
       .def_property_readonly("stats", [](PyContext& c) {
@@ -173,23 +181,24 @@ void bind_context(py::module_& m) {
                         "tcp_bytes_received"_a = s.tcp_received, "shm_ops"_a = s.shm_ops,
                         "shm_bytes"_a = s.shm_bytes);
       })
-      .def("allreduce", [](PyContext& c, py::buffer src, py::buffer dst, int dtype, int op, long seq) {
+      .def("allreduce", [](PyContext& c, py::buffer src, py::buffer dst, int dtype, int op, long seq,
+                           bool control) {
         DType dt = dtype_arg(dtype);
         ReduceOp o = op_arg(op);
         Buffer s = buffer_of(src, false, "src"), d = buffer_of(dst, true, "dst");
         if (s.bytes != d.bytes) throw py::value_error("allreduce src and dst differ in size");
         size_t n = count_of(d, dt, "dst");
-        c.run("allreduce", seq, [&](Context& x) { return x.allreduce(s.ptr, d.ptr, n, dt, o); });
-      }, "src"_a, "dst"_a, "dtype"_a, "op"_a, "seq"_a = -1)
+        c.run("allreduce", seq, [&](Context& x) { return x.allreduce(s.ptr, d.ptr, n, dt, o, control); });
+      }, "src"_a, "dst"_a, "dtype"_a, "op"_a, "seq"_a = -1, "control"_a = false)
       .def("allgather", [](PyContext& c, py::buffer src, py::buffer dst, int dtype,
-                           std::vector<size_t> counts, long seq) {
+                           std::vector<size_t> counts, long seq, bool control) {
         DType dt = dtype_arg(dtype);
         Buffer s = buffer_of(src, false, "src"), d = buffer_of(dst, true, "dst");
         check_counts(counts, c.ctx_->options().size, "allgather");
         if (count_of(s, dt, "src") != counts[c.ctx_->options().rank] || count_of(d, dt, "dst") != sum(counts))
           throw py::value_error("allgather buffers do not match the counts");
-        c.run("allgather", seq, [&](Context& x) { return x.allgather(s.ptr, d.ptr, counts, dt); });
-      }, "src"_a, "dst"_a, "dtype"_a, "counts"_a, "seq"_a = -1)
+        c.run("allgather", seq, [&](Context& x) { return x.allgather(s.ptr, d.ptr, counts, dt, control); });
+      }, "src"_a, "dst"_a, "dtype"_a, "counts"_a, "seq"_a = -1, "control"_a = false)
       .def("broadcast", [](PyContext& c, py::buffer buf, int dtype, int root, long seq) {
         DType dt = dtype_arg(dtype);
         Buffer b = buffer_of(buf, true, "buf");
@@ -325,6 +334,20 @@ void bind_segment(py::module_& m) {
 }
 
 void bind_kernels(py::module_& m) {
+  m.def("mac_tag", [](py::bytes key, const std::string& kind, int sender, int receiver, uint64_t counter,
+                      py::bytes data) {
+    if (kind.size() != 1) throw py::value_error("kind is one character");
+    MacKey k{std::string(key)};
+    Mac mac;
+    mac.start(k, kind[0], sender, receiver, counter);
+    std::string d(data);
+    mac.update(d.data(), d.size());
+    uint8_t tag[kTagBytes];
+    mac.finish(tag);
+    return py::bytes(reinterpret_cast<const char*>(tag), kTagBytes);
+  }, "key"_a, "kind"_a, "sender"_a, "receiver"_a, "counter"_a, "data"_a,
+  "The tag the mesh puts on a frame (tcp/mac.h): HMAC-SHA256(key, kind | sender | receiver | "
+  "counter | data), big-endian 32-bit ranks and 64-bit counter, cut to 16 bytes.");
   m.def("reduce", [](py::buffer out, py::buffer a, py::buffer b, int dtype, int op) {
     DType dt = dtype_arg(dtype);
     ReduceFn fn = reduce_fn(dt, op_arg(op));

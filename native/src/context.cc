@@ -26,12 +26,15 @@ constexpr uint64_t kNoticeBudgetNs = 2000000000ull;  // a failing rank waits at 
 constexpr uint64_t kCmaDigest = 0x434d41;  // "CMA": an allreduce by cross-memory attach
 }  // namespace
 
-Context::Context(ContextOptions opt, std::vector<int> fds, std::unique_ptr<Segment> seg)
+Context::Context(ContextOptions opt, std::vector<int> fds, std::unique_ptr<Segment> seg,
+                 const std::vector<std::string>& keys)
     : opt_(std::move(opt)) {
   agree_.rank = opt_.rank;
   links_.resize(opt_.size);
   for (int r = 0; r < opt_.size; ++r) {
     links_[r] = Link{r < static_cast<int>(fds.size()) ? fds[r] : -1, r, false};
+    links_[r].me = opt_.rank;
+    if (r < static_cast<int>(keys.size()) && !keys[r].empty()) links_[r].key = std::make_shared<MacKey>(keys[r]);
     if (links_[r].fd >= 0) (void)make_nonblocking(links_[r].fd);
   }
   std::vector<int> seen_hosts;
@@ -56,6 +59,7 @@ Context::Context(ContextOptions opt, std::vector<int> fds, std::unique_ptr<Segme
 Status Context::check_usable() {
   ++agree_.seq;
   agree_.tag = OpTag();
+  agree_.sealed = opt_.seal_payload;
   if (failed_ != Code::kOk)
     return HVS_ERROR(failed_, "the communicator is unusable after an earlier error: " + failure_,
                      failed_peer_);
@@ -122,8 +126,10 @@ Status Context::hier_allreduce(const void* src, void* dst, size_t count, size_t 
   return Status();
 }
 
-Status Context::allreduce(const void* src, void* dst, size_t count, DType dt, ReduceOp op) {
+Status Context::allreduce(const void* src, void* dst, size_t count, DType dt, ReduceOp op,
+                          bool control) {
   HVS_CHECK(check_usable());
+  agree_.sealed = agree_.sealed || control;
   ReduceFn fn = reduce_fn(dt, op);
   if (!fn)
     return HVS_ERROR(Code::kNotSupported, std::string("reduce op ") + op_name(op) + " on " +
@@ -154,8 +160,10 @@ Status Context::allreduce(const void* src, void* dst, size_t count, DType dt, Re
   return Status();
 }
 
-Status Context::allgather(const void* src, void* dst, const std::vector<size_t>& counts, DType dt) {
+Status Context::allgather(const void* src, void* dst, const std::vector<size_t>& counts, DType dt,
+                          bool control) {
   HVS_CHECK(check_usable());
+  agree_.sealed = agree_.sealed || control;
   const size_t elem = itemsize(dt);
   std::vector<size_t> off = byte_offsets(counts, elem);
   char* out = static_cast<char*>(dst);

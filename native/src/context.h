@@ -45,16 +45,24 @@ struct ContextOptions {
   size_t cma_chunk = 2 * 1024 * 1024;  // bytes per pipelined chunk of that algorithm
   bool cma = true;       // this rank agrees to cross-memory attach (all must)
   size_t tcp_chunk = 512 * 1024;
+  bool seal_payload = false;  // every op's TCP payload carries a tag (tcp/mac.h), not only its headers
 };
 
 class Context {
  public:
-  // `fds[r]` is the socket to world rank r (-1 for self); `seg` is this
-  // host's segment, or null when this rank is alone on its host.
-  Context(ContextOptions opt, std::vector<int> fds, std::unique_ptr<Segment> seg);
+  // `fds[r]` is the socket to world rank r (-1 for self) and `keys[r]` its
+  // link key (tcp/mac.h; empty, or no keys at all: frames go untagged); `seg`
+  // is this host's segment, or null when this rank is alone on its host.
+  Context(ContextOptions opt, std::vector<int> fds, std::unique_ptr<Segment> seg,
+          const std::vector<std::string>& keys = {});
 
-  Status allreduce(const void* src, void* dst, size_t count, DType dt, ReduceOp op);
-  Status allgather(const void* src, void* dst, const std::vector<size_t>& counts, DType dt);
+  // `control`: the op carries the job's own coordination (negotiation, the
+  // fusion cycle's vector, shapes): its TCP payload is tagged like a header
+  // even where opt.seal_payload is off.
+  Status allreduce(const void* src, void* dst, size_t count, DType dt, ReduceOp op,
+                   bool control = false);
+  Status allgather(const void* src, void* dst, const std::vector<size_t>& counts, DType dt,
+                   bool control = false);
   Status broadcast(void* buf, size_t count, DType dt, int root);
   Status reducescatter(const void* src, void* dst, const std::vector<size_t>& counts, DType dt,
                        ReduceOp op);

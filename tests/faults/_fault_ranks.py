@@ -364,7 +364,7 @@ def silent_rank0(outdir, seconds=60.0):
         store = TCPStore.connect(renv.store_addr, renv.secret)
         lst = socket.create_server((renv.bind_addr, 0))
         me = {"host": renv.host, "addr": renv.bind_addr, "port": lst.getsockname()[1],
-              "pid": os.getpid()}
+              "pid": os.getpid(), "integrity": "control"}
         store.set(f"{renv.job}/fault/mesh/rank/0", json.dumps(me).encode())
         held, end = [], time.monotonic() + seconds
         lst.settimeout(0.5)

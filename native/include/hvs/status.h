@@ -24,6 +24,7 @@ enum class Code : int {
   kMismatch = 5,      // ranks disagree (sizes, steps)
   kNotSupported = 6,  // op or dtype not implemented
   kNotReady = 7,      // try again: e.g. a shared segment not created yet
+  kIntegrity = 8,     // a frame from a peer failed its integrity check (tcp/mac.h)
 };
 
 class [[nodiscard]] Status {

@@ -135,7 +135,8 @@ int Lane::run(int slot, const void* in, void* out, size_t bytes) {
     const size_t n = base + static_cast<size_t>(nbits_);
     vec_.assign(n, 0);
     vec_[base + s.bit] = kData;
-    Status st = ctx->fail(ctx->allreduce(vec_.data(), vec_.data(), n, DType::kInt32, ReduceOp::kSum));
+    Status st = ctx->fail(ctx->allreduce(vec_.data(), vec_.data(), n, DType::kInt32, ReduceOp::kSum,
+                                         /*control=*/true));
     if (!st.ok()) return fail(std::move(st));
     synced_ns_.store(now_ns());
     for (size_t i = 0; i < n; ++i)  // every rank contributed exactly our vector?

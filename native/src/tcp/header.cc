@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 
 #include "../clock.h"
@@ -85,6 +86,34 @@ Status told(Agreement& ag, const Wire& n, int told_by) {
 }
 }  // namespace
 
+void seal(Link& l, Wire& w) {
+  if (!l.key) return;
+  Mac m;
+  m.start(*l.key, 'W', l.me, l.peer, l.sent++);
+  m.update(&w, offsetof(Wire, tag));
+  m.finish(w.tag);
+}
+
+Status forged(int peer, const char* what) {
+  return HVS_ERROR(Code::kIntegrity,
+                   std::string(what) + " from the peer failed its integrity check (changed, injected, "
+                   "replayed or reordered on the way)", peer)
+      .with_hint("something between the two hosts is altering or inserting traffic on the job's "
+                 "connections; the communicator stops here");
+}
+
+Status check_tag(Link& l, const Wire& w, bool take) {
+  if (!l.key) return Status();
+  Mac m;
+  m.start(*l.key, 'W', l.peer, l.me, l.taken);
+  m.update(&w, offsetof(Wire, tag));
+  uint8_t want[kTagBytes];
+  m.finish(want);
+  if (!same_tag(want, w.tag)) return forged(l.peer, "an op header");
+  if (take) ++l.taken;
+  return Status();
+}
+
 Wire make_header(const OpTag& tag, uint64_t seq, Role role) {
   Wire w;
   w.magic = Wire::kHeader;
@@ -127,13 +156,16 @@ Wire make_notice(const Agreement& ag, const Status& st) {
 
 void send_notices(std::vector<Link>& links, const Wire& notice, uint64_t budget_ns) {
   std::vector<size_t> done(links.size(), 0);
-  const char* bytes = reinterpret_cast<const char*>(&notice);
+  std::vector<Wire> wires(links.size(), notice);  // each tagged for its link
+  for (size_t r = 0; r < links.size(); ++r)
+    if (links[r].fd >= 0 && !links[r].open) seal(links[r], wires[r]);
   const uint64_t end = now_ns() + budget_ns;
   for (;;) {
     std::vector<pollfd> waiting;
     for (size_t r = 0; r < links.size(); ++r) {
       Link& l = links[r];
       if (l.fd < 0 || l.open) continue;
+      const char* bytes = reinterpret_cast<const char*>(&wires[r]);
       ssize_t n = ::send(l.fd, bytes + done[r], sizeof notice - done[r], MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n > 0) done[r] += static_cast<size_t>(n);
       bool again = n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR);

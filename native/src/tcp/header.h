@@ -1,6 +1,6 @@
 // Agreement over TCP: every op tells its peers what it is before any payload.
 //
-// Terms (used by transfer.h and every TCP algorithm):
+// Terms (used by transfer.h and every TCP algorithm; tags: mac.h):
 //   seq      this rank's number for the op: every Context op counts, even one
 //            that moves nothing, so ranks that agree have the same seq
 //   header   a Wire naming the sender's op (its OpTag) and seq.  It
@@ -36,6 +36,7 @@
 
 #include "../op.h"
 #include "hvs/status.h"
+#include "mac.h"
 #include "transfer.h"
 
 namespace hvs {
@@ -55,17 +56,29 @@ struct Wire {
   uint64_t seq_a = 0, seq_b = 0;  // header: seq_a is the sender's seq
   int32_t rank_a = -1, rank_b = -1;  // notice: the ranks that disagree (a found it)
   OpTag a, b;  // header: a is the sender's op; notice: the ops of rank_a and rank_b
+  uint8_t tag[kTagBytes] = {};  // over the bytes above (mac.h); zeros on an untagged link
   Role role_a() const { return Role{(flags & kALinkCounts) != 0, (flags & kAExpects) != 0}; }
   Role role_b() const { return Role{(flags & kBLinkCounts) != 0, (flags & kBExpects) != 0}; }
 };
-static_assert(sizeof(Wire) == 96, "a Wire has one size on every rank");
+static_assert(sizeof(Wire) == 96 + kTagBytes, "a Wire has one size on every rank");
 
 struct Agreement {  // what every transfer of one op checks
   OpTag tag;         // the op this rank is in
   uint64_t seq = 0;  // its number (see above)
   int rank = -1;     // this rank (world)
   Wire found;        // the first disagreement found or told of (magic 0: none yet)
+  bool sealed = false;  // the payload of each transfer carries a tag too (mac.h)
 };
+
+// Tags `w` as the next frame this rank sends on `l` (nothing on an untagged link).
+void seal(Link& l, Wire& w);
+
+// Checks the tag of `w`, the next frame from `l`'s peer; `take` counts it
+// taken (a peek leaves it for the read that follows).
+Status check_tag(Link& l, const Wire& w, bool take);
+
+// The error of a frame whose tag does not hold.
+Status forged(int peer, const char* what);
 
 Wire make_header(const OpTag& tag, uint64_t seq, Role role);
 

@@ -33,11 +33,28 @@ struct HeaderIo {
   Link* link = nullptr;
   Wire wire;
   size_t done = 0;
+  bool sealed = false;          // going out: tagged (when its first byte goes)
   const OpTag* want = nullptr;  // coming in: what this rank expects there
   Role mine;                    // coming in: how its counts read here
   bool pending() const { return link && done < sizeof(Wire); }
   char* at() { return reinterpret_cast<char*>(&wire) + done; }
   size_t left() const { return sizeof(Wire) - done; }
+};
+
+// The tag of one transfer's payload on one link, where the op is sealed
+// (Agreement::sealed): the send stream ends in a tag over its items, hashed as
+// each item is first offered (its bytes are final then: a forwarded chunk is
+// offered once it has arrived and been reduced); the receive stream hashes the
+// bytes as they land, before any reduce, and ends in the peer's tag.
+// A tag's counter is taken when its frame starts to move (a header sealed but
+// never sent, as when a rank stops at a mismatch, must not skip one).
+struct Seal {
+  bool on = false, started = false;
+  Mac mac;
+  size_t hashed = 0;            // send: items hashed so far
+  uint8_t tag[kTagBytes] = {};  // send: ours, once every item is hashed; receive: the peer's
+  void begin_send(Link& l) { mac.start(*l.key, 'P', l.me, l.peer, l.sent++), started = true; }
+  void begin_recv(Link& l) { mac.start(*l.key, 'P', l.peer, l.me, l.taken), started = true; }
 };
 
 struct Headers {
@@ -61,15 +78,26 @@ bool would_block() { return errno == EAGAIN || errno == EWOULDBLOCK; }
 // Hands the socket our header remainder and the ready items (up to kIov
 // pieces) in one sendmsg; *sent is what it took.
 Status send_once(Link& to, HeaderIo& hdr, const std::vector<SendItem>& items, const Stream& s,
-                 size_t recvd, size_t* offered, size_t* sent) {
+                 size_t recvd, Seal& seal, size_t* offered, size_t* sent) {
   iovec iov[kIov];
   int n = 0;
   *offered = *sent = 0;
-  if (hdr.pending()) iov[n++] = iovec{hdr.at(), hdr.left()};
+  if (hdr.pending()) {
+    if (!hdr.sealed) hvs::seal(*hdr.link, hdr.wire), hdr.sealed = true;
+    iov[n++] = iovec{hdr.at(), hdr.left()};
+  }
   size_t done = s.done;
   for (size_t i = s.item; i < items.size() && n < kIov; ++i, done = 0) {
     const SendItem& it = items[i];
     if (it.dep >= 0 && static_cast<size_t>(it.dep) >= recvd) break;  // not arrived yet
+    if (seal.on && i >= seal.hashed) {  // the last item is the tag (see Seal)
+      if (!seal.started) seal.begin_send(to);
+      if (i + 1 == items.size())
+        seal.mac.finish(seal.tag);
+      else
+        seal.mac.update(it.ptr, it.len);
+      seal.hashed = i + 1;
+    }
     if (it.len > done) iov[n++] = iovec{const_cast<char*>(it.ptr) + done, it.len - done};
   }
   for (int i = 0; i < n; ++i) *offered += iov[i].iov_len;
@@ -102,10 +130,10 @@ void advance(HeaderIo& hdr, const std::vector<SendItem>& items, Stream& s, size_
 }
 
 Status send_some(Link& to, HeaderIo& hdr, const std::vector<SendItem>& items, Stream& s, size_t recvd,
-                 size_t* moved) {
+                 Seal& seal, size_t* moved) {
   for (;;) {
     size_t offered, sent;
-    HVS_CHECK(send_once(to, hdr, items, s, recvd, &offered, &sent));
+    HVS_CHECK(send_once(to, hdr, items, s, recvd, seal, &offered, &sent));
     advance(hdr, items, s, recvd, sent);
     if (sent) to.open = hdr.pending() || s.item < items.size();
     *moved += sent;
@@ -117,7 +145,7 @@ Status send_some(Link& to, HeaderIo& hdr, const std::vector<SendItem>& items, St
 // item lands in staging (a reduce), its start comes in the same recvmsg: it
 // is reduced only later, in recv_some, after the check.
 Status recv_header(HeaderIo& h, const TransferOptions& opt, size_t* moved, Stream* s = nullptr,
-                   const RecvItem* first = nullptr) {
+                   const RecvItem* first = nullptr, Seal* seal = nullptr) {
   if (!h.pending()) return Status();
   iovec iov[2] = {iovec{h.at(), h.left()}, iovec{nullptr, 0}};
   const bool staged = first && first->own && s->done < first->len;
@@ -132,14 +160,20 @@ Status recv_header(HeaderIo& h, const TransferOptions& opt, size_t* moved, Strea
   if (n < 0) return would_block() ? Status() : lost("recv", h.link->peer);
   size_t k = std::min(static_cast<size_t>(n), h.left());
   h.done += k;
-  if (staged) s->done += static_cast<size_t>(n) - k;
   *moved += static_cast<size_t>(n);
-  if (h.pending()) return Status();
+  if (h.pending()) return Status();  // (payload bytes come only after a whole header)
+  HVS_CHECK(check_tag(*h.link, h.wire, true));
+  if (seal && seal->on) seal->begin_recv(*h.link);  // the payload's tag follows the header's
+  if (staged) {
+    if (seal && seal->on) seal->mac.update(opt.staging + s->done, static_cast<size_t>(n) - k);
+    s->done += static_cast<size_t>(n) - k;
+  }
   return check_header(h.wire, *h.want, h.mine, *opt.agree, h.link->peer);
 }
 
 Status send_header(HeaderIo& h, size_t* moved) {
   if (!h.pending()) return Status();
+  if (!h.sealed) seal(*h.link, h.wire), h.sealed = true;
   ssize_t n;
   do n = ::send(h.link->fd, h.at(), h.left(), MSG_NOSIGNAL | MSG_DONTWAIT);
   while (n < 0 && errno == EINTR);
@@ -150,11 +184,12 @@ Status send_header(HeaderIo& h, size_t* moved) {
   return Status();
 }
 
-Status recv_some(const Link& from, const std::vector<RecvItem>& items, Stream& s,
-                 const TransferOptions& opt, size_t* moved) {
+Status recv_some(Link& from, const std::vector<RecvItem>& items, Stream& s,
+                 const TransferOptions& opt, Seal& seal, size_t* moved) {
   while (s.item < items.size()) {
     const RecvItem& it = items[s.item];
     char* where = it.own ? opt.staging : it.ptr;
+    const bool tag_item = seal.on && s.item + 1 == items.size();
     if (s.done < it.len) {
       ssize_t n = ::recv(from.fd, where + s.done, it.len - s.done, MSG_DONTWAIT);
       if (n == 0) return closed(from.peer);
@@ -163,9 +198,16 @@ Status recv_some(const Link& from, const std::vector<RecvItem>& items, Stream& s
         if (errno == EINTR) continue;
         return lost("recv", from.peer);
       }
+      if (seal.on && !tag_item) seal.mac.update(where + s.done, static_cast<size_t>(n));
       s.done += static_cast<size_t>(n);
       *moved += static_cast<size_t>(n);
       if (s.done < it.len) continue;
+    }
+    if (tag_item) {
+      uint8_t want[kTagBytes];
+      seal.mac.finish(want);
+      if (!same_tag(want, seal.tag)) return forged(from.peer, "an op's payload");
+      ++from.taken;
     }
     if (it.own) opt.fn(it.out, it.own, opt.staging, it.len / opt.elem);
     ++s.item;
@@ -221,6 +263,8 @@ struct Run {
   Link* from;
   const std::vector<RecvItem>& recvs;
   const TransferOptions& opt;
+  Seal& out_seal;
+  Seal& in_seal;
   Stream out, in;
   Headers h;
   std::vector<Link*> watch;
@@ -238,14 +282,15 @@ struct Run {
 
 Status progress(Run& r, size_t* moved) {
   if (r.ack_ready()) HVS_CHECK(send_header(r.h.out_from, moved));
-  if (r.sending()) HVS_CHECK(send_some(*r.to, r.h.out_to, r.sends, r.out, r.in.item, moved));
+  if (r.sending()) HVS_CHECK(send_some(*r.to, r.h.out_to, r.sends, r.out, r.in.item, r.out_seal, moved));
   HVS_CHECK(recv_header(r.h.in_to, r.opt, moved));
-  HVS_CHECK(recv_header(r.h.in_from, r.opt, moved, &r.in, r.in.item < r.recvs.size() ? &r.recvs[r.in.item] : nullptr));
+  HVS_CHECK(recv_header(r.h.in_from, r.opt, moved, &r.in, r.in.item < r.recvs.size() ? &r.recvs[r.in.item] : nullptr,
+                        &r.in_seal));
   if (r.h.in_from.pending() || r.in.item >= r.recvs.size()) return Status();
   const size_t before = r.in.item;
-  HVS_CHECK(recv_some(*r.from, r.recvs, r.in, r.opt, moved));
+  HVS_CHECK(recv_some(*r.from, r.recvs, r.in, r.opt, r.in_seal, moved));
   if (r.in.item != before && r.sending())  // forward at once what has just arrived
-    HVS_CHECK(send_some(*r.to, r.h.out_to, r.sends, r.out, r.in.item, moved));
+    HVS_CHECK(send_some(*r.to, r.h.out_to, r.sends, r.out, r.in.item, r.out_seal, moved));
   return Status();
 }
 
@@ -266,7 +311,8 @@ Status look(Link* l, const TransferOptions& opt, bool* keep) {
   ssize_t n = ::recv(l->fd, &w, sizeof w, MSG_PEEK | MSG_DONTWAIT);
   *keep = n < 0 ? (would_block() || errno == EINTR) : n > 0 && n < static_cast<ssize_t>(sizeof w);
   if (n < static_cast<ssize_t>(sizeof w)) return Status();  // the rest is on its way; or the
-  return check_watched(w, opt.link_counts, *opt.agree, l->peer, keep);  // ops reading it will fail
+  HVS_CHECK(check_tag(*l, w, false));                      // ops reading it will fail
+  return check_watched(w, opt.link_counts, *opt.agree, l->peer, keep);
 }
 
 // After a poll: looks at the watched links that became readable.
@@ -353,7 +399,23 @@ void count_moved(TransportStats& st, const std::vector<SendItem>& sends,
 
 Status transfer(Link* to, const std::vector<SendItem>& sends, Link* from,
                 const std::vector<RecvItem>& recvs, const TransferOptions& opt) {
-  Run r{to, sends, from, recvs, opt, {}, {}, plan(to, from, opt), watch_list(to, from, opt), {}};
+  Headers headers = plan(to, from, opt);
+  Seal out_seal, in_seal;
+  std::vector<SendItem> sealed_sends;
+  std::vector<RecvItem> sealed_recvs;
+  const bool sealed = opt.agree && opt.agree->sealed;
+  if (sealed && to && to->key && !sends.empty()) {
+    out_seal.on = true;
+    sealed_sends = sends;
+    sealed_sends.push_back(SendItem{reinterpret_cast<const char*>(out_seal.tag), kTagBytes, -1});
+  }
+  if (sealed && from && from->key && !recvs.empty()) {
+    in_seal.on = true;
+    sealed_recvs = recvs;
+    sealed_recvs.push_back(RecvItem{reinterpret_cast<char*>(in_seal.tag), kTagBytes, nullptr, nullptr});
+  }
+  Run r{to, out_seal.on ? sealed_sends : sends, from, in_seal.on ? sealed_recvs : recvs, opt,
+        out_seal, in_seal, {}, {}, std::move(headers), watch_list(to, from, opt), {}};
   uint64_t last_progress = now_ns();
   while (!r.done()) {
     size_t moved = 0;

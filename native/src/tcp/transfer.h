@@ -21,9 +21,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "../reduce.h"
+#include "mac.h"
 #include "../op.h"
 #include "hvs/status.h"
 
@@ -33,6 +35,9 @@ struct Link {
   int fd = -1;
   int peer = -1;          // world rank, for error messages
   bool open = false;      // a send stream on it is unfinished: a notice would land inside
+  int me = -1;            // this rank (world)
+  std::shared_ptr<const MacKey> key;  // the link key (mac.h); null: frames go untagged
+  uint64_t sent = 0, taken = 0;       // tagged frames sent on it and taken from it
 };
 
 struct Agreement;
