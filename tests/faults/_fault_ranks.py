@@ -134,13 +134,13 @@ def die_in_fused_allreduce(outdir, victim, nth, nelem=1 << 16, seconds=20.0):
     class DiesInFusedAllreduce(Communicator):
         calls = 0
 
-        def allreduce_flat(self, src, dst, dtype, op, postscale=1.0, name=None):
+        def allreduce_flat(self, src, dst, dtype, op, postscale=1.0, name=None, control=False):
             if name and name.startswith("fusion.") and "+" in name:
                 DiesInFusedAllreduce.calls += 1
                 if DiesInFusedAllreduce.calls == nth:
                     time.sleep(0.2)
                     die_now(outdir, rank, f"fused allreduce {name}")
-            return super().allreduce_flat(src, dst, dtype, op, postscale, name)
+            return super().allreduce_flat(src, dst, dtype, op, postscale, name, control)
 
     def body():
         import horovod_spark.torch as hvd
