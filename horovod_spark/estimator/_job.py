@@ -16,7 +16,8 @@ from horovod_spark.settings import PROGRESS
 from horovod_spark.estimator.data import ColumnSpec, keeps_lists
 from horovod_spark.estimator.store import Store
 
-__all__ = ["TrainSpec", "FitJob", "RankData", "Progress", "append_history", "averaged"]
+__all__ = ["TrainSpec", "FitJob", "RankData", "Progress", "append_history", "averaged",
+           "fit_on_rank"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,6 +178,31 @@ class Progress:
                 "rank_cpu_seconds": time.process_time() - self.cpu_started,
                 "rank_start_cpu_seconds": self.cpu_started,
                 "stamps": dict(self.stamps, trained=time.time())}
+
+
+def fit_on_rank(hvd, spec: TrainSpec, directory: str,
+                fit: Callable[[TrainSpec, "RankData", float], Any],
+                after_census: Optional[Callable[[], None]] = None) -> Any:
+    """The start every framework's rank side shares: ``hvd.init()`` (while the task still
+    spills the rank's partition), the census of every shard (``_census.agree``: row
+    counts, or the problem rank 0 returns instead of training), then
+    ``fit(spec, data, entered)`` on this rank's mapped shard, closed after.
+    ``after_census()`` runs once the census is in, whatever it found."""
+    from horovod_spark.estimator._census import agree
+
+    entered = time.time()
+    hvd.init()
+    spec = dataclasses.replace(spec, stamps=spec.stamps + (("initialized", time.time()),))
+    problem, spec = agree(hvd.allgather_object, spec, directory)
+    if after_census is not None:
+        after_census()
+    if problem is not None:
+        return {"problem": problem} if hvd.rank() == 0 else None
+    data = RankData(spec, directory, hvd.rank())
+    try:
+        return fit(spec, data, entered)
+    finally:
+        data.close()
 
 
 def append_history(history: Dict[str, List[float]], metrics: Dict[str, float]) -> None:

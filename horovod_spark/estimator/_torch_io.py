@@ -20,7 +20,7 @@ import numpy as np
 
 __all__ = ["to_inputs", "as_outputs", "shape_label", "label_problem", "batch_loss",
            "metric_fns", "fit_label", "label_tensor", "dumps_model", "loads_model", "make_predictor", "describe_inputs",
-           "dry_run"]
+           "forward_in_eval", "dry_run"]
 
 
 def _tensor(array: np.ndarray):
@@ -151,6 +151,20 @@ def describe_inputs(names: Sequence[str], features: Sequence[np.ndarray]) -> str
     return ", ".join(f"'{n}' {f.dtype}{list(f.shape)}" for n, f in zip(names, features))
 
 
+def forward_in_eval(model: Any, inputs: Sequence[Any]) -> list:
+    """The model's outputs on `inputs` (a list), in eval mode and without gradients; the
+    model is left in the mode it was in, whatever the forward raised."""
+    import torch
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return as_outputs(model(*inputs))
+    finally:
+        model.train(was_training)
+
+
 def dry_run(model: Any, loss_fns: Sequence[Callable], feature_cols: Sequence[str],
             label_cols: Sequence[str], sample: dict,
             weight_col: Optional[str] = None) -> List[List[int]]:
@@ -160,22 +174,15 @@ def dry_run(model: Any, loss_fns: Sequence[Callable], feature_cols: Sequence[str
         ValueError: the model can't take the features, a label does not match its
             output, or the loss can't compare them; the message names the columns.
     """
-    import torch
-
     from horovod_spark.estimator.data import numeric
 
     features = [numeric(sample[c], c) for c in feature_cols]
-    was_training = model.training
-    model.eval()
     try:
-        with torch.no_grad():
-            outputs = as_outputs(model(*to_inputs(features)))
+        outputs = forward_in_eval(model, to_inputs(features))
     except Exception as exc:
         raise ValueError(f"the model can't take the feature columns "
                          f"{describe_inputs(feature_cols, features)} (one input each): "
                          f"{type(exc).__name__}: {exc}") from exc
-    finally:
-        model.train(was_training)
     if len(outputs) != len(label_cols):
         raise ValueError(f"the model returns {len(outputs)} output(s) but there are "
                          f"{len(label_cols)} label columns {list(label_cols)}; return one "

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import io
 import json
-import dataclasses
 import time
 from typing import Any, Dict, Iterator, List, Optional
 
@@ -31,8 +30,7 @@ import numpy as np
 from horovod_spark.estimator import _keras_callbacks as kcb
 from horovod_spark.estimator import _keras_io as kio
 from horovod_spark.estimator._events import EventLog
-from horovod_spark.estimator._census import agree
-from horovod_spark.estimator._job import Progress, RankData, TrainSpec, append_history
+from horovod_spark.estimator._job import Progress, RankData, TrainSpec, append_history, fit_on_rank
 from horovod_spark.estimator.data import keeps_lists, numeric
 
 __all__ = ["train"]
@@ -41,17 +39,7 @@ __all__ = ["train"]
 def train(spec: TrainSpec, directory: str) -> Optional[Dict[str, Any]]:
     import horovod_spark.keras as hvd
 
-    entered = time.time()
-    hvd.init()
-    spec = dataclasses.replace(spec, stamps=spec.stamps + (("initialized", time.time()),))
-    problem, spec = agree(hvd.allgather_object, spec, directory)
-    if problem is not None:
-        return {"problem": problem} if hvd.rank() == 0 else None
-    data = RankData(spec, directory, hvd.rank())
-    try:
-        return _fit(hvd, spec, data, entered)
-    finally:
-        data.close()
+    return fit_on_rank(hvd, spec, directory, lambda s, data, entered: _fit(hvd, s, data, entered))
 
 
 def _batches(spec: TrainSpec, data: RankData, user: dict, epochs: range,

@@ -19,20 +19,18 @@ estimators decide them.  Rank 0 returns the trained module's bytes and the histo
 """
 from __future__ import annotations
 
-import dataclasses
 import io
 import logging
 import os
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from horovod_spark.estimator import _torch_io as tio
-from horovod_spark.estimator._census import agree
 from horovod_spark.estimator._events import EventLog
 from horovod_spark.estimator._job import (Progress, RankData, TrainSpec, append_history,
-                                          averaged)
+                                          averaged, fit_on_rank)
 from horovod_spark.estimator._train_torch import _best_path, _share_cores
 from horovod_spark.estimator.data import numeric
 from horovod_spark.estimator.trainer import Watch
@@ -51,21 +49,12 @@ OWN_TRAINER_ARGS = {
 def train(spec: TrainSpec, directory: str) -> Optional[Dict[str, Any]]:
     import horovod_spark.torch as hvd
 
-    entered = time.time()
-    hvd.init()
-    spec = dataclasses.replace(spec, stamps=spec.stamps + (("initialized", time.time()),))
-    problem, spec = agree(hvd.allgather_object, spec, directory)
-    if problem is not None:
-        return {"problem": problem} if hvd.rank() == 0 else None
-    _share_cores(hvd.local_size())
-    data = RankData(spec, directory, hvd.rank())
-    try:
-        return _fit(hvd, spec, data, directory, entered)
-    finally:
-        data.close()
+    return fit_on_rank(hvd, spec, directory,
+                       lambda s, data, entered: _fit(hvd, s, data, directory, entered))
 
 
-def as_batch(spec: TrainSpec, batch: Dict[str, Any], transform=None) -> Dict[str, Any]:
+def as_batch(feature_cols: Sequence[str], batch: Dict[str, Any],
+             transform=None) -> Dict[str, Any]:
     """The dict a LightningModule's steps get: each feature column as TorchEstimator's
     model input (float32, (rows, width); a torch sparse tensor under
     sparse_vectors="sparse"), every other numeric column as a tensor of its own dtype,
@@ -74,7 +63,7 @@ def as_batch(spec: TrainSpec, batch: Dict[str, Any], transform=None) -> Dict[str
         batch = transform(dict(batch))
     out: Dict[str, Any] = {}
     for name, value in batch.items():
-        if name in spec.feature_cols:
+        if name in feature_cols:
             out[name] = tio.to_inputs([numeric(value, name)])[0]
         elif isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
             out[name] = tio.label_tensor(value)
@@ -290,13 +279,14 @@ def _fit(hvd, spec: TrainSpec, data: RankData, directory: str,
          entered: float) -> Optional[Dict[str, Any]]:
     import torch
 
+    _share_cores(hvd.local_size())
     user = tio.loads_model(spec.user)
     data.decoding(user.get("decode_fn"), user.get("decode_workers"), hvd.local_size())
     module = user["model"]
     transform = user.get("transformation_fn")
     callback = _callback_class()(hvd, spec, data.steps, entered, directory)
     trainer = _trainer(spec, user, callback)
-    convert = lambda b: as_batch(spec, b, transform)  # noqa: E731
+    convert = lambda b: as_batch(spec.feature_cols, b, transform)  # noqa: E731
     train = Batches(lambda: data.epoch(trainer.current_epoch), convert, data.steps)
     val = Batches(data.validation, convert) if spec.has_validation else None
     ckpt = _resume_path(hvd, spec, directory)

@@ -26,7 +26,6 @@ most every ``Progress.REPORT_EVERY`` seconds.
 from __future__ import annotations
 
 import io
-import dataclasses
 import importlib
 import threading
 import time
@@ -35,13 +34,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from horovod_spark.estimator import _torch_io as tio
-from horovod_spark.estimator._census import agree
 from horovod_spark.estimator.data import numeric
 from horovod_spark.estimator._events import EventLog
 from horovod_spark.estimator._torch_step import Gradients, HookOptimizer, Sums
 from horovod_spark.estimator.trainer import Watch, default_monitor
 from horovod_spark.estimator._job import (Progress, RankData, TrainSpec, append_history,
-                                          averaged)
+                                          averaged, fit_on_rank)
 
 __all__ = ["train"]
 
@@ -49,24 +47,13 @@ __all__ = ["train"]
 def train(spec: TrainSpec, directory: str) -> Optional[Dict[str, Any]]:
     import horovod_spark.torch as hvd
 
-    entered = time.time()
     # the first optimizer step imports torch._dynamo (seconds): do it while hvd.init
     # waits for the other ranks and the task spills
     preload = threading.Thread(target=importlib.import_module, args=("torch._dynamo",),
                                daemon=True)
     preload.start()
-    hvd.init()
-    spec = dataclasses.replace(spec, stamps=spec.stamps + (("initialized", time.time()),))
-    problem, spec = agree(hvd.allgather_object, spec, directory)
-    preload.join()
-    if problem is not None:
-        return {"problem": problem} if hvd.rank() == 0 else None
-    _share_cores(hvd.local_size())
-    data = RankData(spec, directory, hvd.rank())
-    try:
-        return _fit(hvd, spec, data, entered)
-    finally:
-        data.close()
+    return fit_on_rank(hvd, spec, directory, lambda s, data, entered: _fit(hvd, s, data, entered),
+                       after_census=preload.join)
 
 
 def _share_cores(local_size: int) -> None:
@@ -135,6 +122,7 @@ class _Setup:
 
 
 def _fit(hvd, spec: TrainSpec, data: RankData, entered: float) -> Optional[Dict[str, Any]]:
+    _share_cores(hvd.local_size())
     s = _Setup(spec)
     data.decoding(s.decode, s.decode_workers, hvd.local_size())
     rank = hvd.rank()

@@ -78,37 +78,24 @@ class LightningEstimator(DistributedEstimator):
     def _dry_run(self, values: Dict[str, Any], sample: Dict[str, Any]) -> List[List[int]]:
         """The module's forward on the sample's features: one output per label column, as
         transform will predict."""
-        import torch
-
         _check_lightning(values)
         model, labels = values["model"], values["label_cols"]
         if values["transformation_fn"] is not None:
             sample = values["transformation_fn"](dict(sample))
-        spec = _SampleSpec(tuple(values["feature_cols"]))
-        batch = _train_lightning.as_batch(spec, sample)
+        batch = _train_lightning.as_batch(values["feature_cols"], sample)
         inputs = [batch[c] for c in values["feature_cols"]]
-        was_training = model.training
-        model.eval()
         try:
-            with torch.no_grad():
-                outputs = _torch_io.as_outputs(model(*inputs))
+            outputs = _torch_io.forward_in_eval(model, inputs)
         except NotImplementedError as exc:
             raise ValueError(f"{type(model).__name__} has no forward(): define "
                              f"forward(*features), one input per feature column "
                              f"{values['feature_cols']}, so the fitted model can predict"
                              ) from exc
-        finally:
-            model.train(was_training)
         if len(outputs) != len(labels):
             raise ValueError(f"{type(model).__name__}.forward returns {len(outputs)} outputs "
                              f"for {len(labels)} label columns {labels}; transform writes "
                              f"one prediction column per label column")
         return [list(o.shape[1:]) for o in outputs]
-
-
-class _SampleSpec:  # what as_batch reads of a TrainSpec, for the driver's sample
-    def __init__(self, feature_cols):
-        self.feature_cols = feature_cols
 
 
 _declare(LightningEstimator, {
