@@ -152,6 +152,12 @@ CONTRACT = tuple(Setting(name, None, parse, "rank", doc, contract=True) for name
 )) + (WARM_REPORT, RETURN_RANKS)
 
 
+#: What the native transport tags after the handshake (HOROVOD_SPARK_MESH_INTEGRITY):
+#: "control" (op headers, mismatch notices and the job's coordination ops), "payload" (and
+#: every op's payload), "off" (nothing).
+MESH_INTEGRITY = ("control", "payload", "off")
+
+
 # -- Config -----------------------------------------------------------------------------
 # One typed, frozen configuration per run, built from arguments first, then the
 # environment (Horovod's names where they exist; the rows of SETTINGS that name a field),
@@ -199,7 +205,7 @@ class Config:
             raise ValueError(f"Config.fusion_threshold must be >= 0 bytes, got {self.fusion_threshold}")
         if self.cycle_time_ms < 0:
             raise ValueError(f"Config.cycle_time_ms must be >= 0, got {self.cycle_time_ms}")
-        if self.mesh_integrity not in ("control", "payload", "off"):
+        if self.mesh_integrity not in MESH_INTEGRITY:
             raise ValueError(f"Config.mesh_integrity must be control, payload or off, got "
                              f"{self.mesh_integrity!r} (HOROVOD_SPARK_MESH_INTEGRITY)")
         if self.backend not in ("auto", "native", "mpi", "nccl"):

@@ -10,7 +10,7 @@ is read; one that fails is dropped and the listener keeps waiting for the real
 peer, so a stray or hostile connection never harms the job.  Each connection
 then has its *link key* (`auth.Channel.derive`), with which the native
 transport tags every frame it sends there (native/src/tcp/mac.h); the ranks
-agree on how much they tag (`INTEGRITY`) before any frame moves.
+agree on how much they tag (`settings.MESH_INTEGRITY`) before any frame moves.
 """
 from __future__ import annotations
 
@@ -27,14 +27,11 @@ from . import auth
 from .accept import AcceptGate
 from ..backends.base import Topology
 from ..errors import AuthenticationError, CollectiveTimeout, PeerLostError, describe
+from ..settings import MESH_INTEGRITY
 from .store import Store
 
-__all__ = ["Mesh", "build_mesh", "INTEGRITY"]
+__all__ = ["Mesh", "build_mesh"]
 
-#: What the native transport tags (HOROVOD_SPARK_MESH_INTEGRITY): "control" (op headers,
-#: mismatch notices and the job's coordination ops), "payload" (and every op's payload),
-#: "off" (nothing after the handshake).
-INTEGRITY = ("control", "payload", "off")
 _LINK_LABEL = b"native mesh frames"
 
 
@@ -46,7 +43,7 @@ class Mesh:
     addresses: tuple
     rejected: int = 0  # connections dropped for failing the handshake
     keys: Dict[int, bytes] = dataclasses.field(default_factory=dict)  # link key per peer
-    integrity: str = "control"  # what the native transport tags (INTEGRITY)
+    integrity: str = "control"  # what the native transport tags (settings.MESH_INTEGRITY)
 
     def close(self) -> None:
         for s in self.socks.values():
@@ -189,8 +186,8 @@ def build_mesh(store: Store, rank: int, size: int, host: str, bind_addr: str, se
     """Connect every pair of ranks; see the module docstring."""
     if not 0 <= rank < size:
         raise ValueError(f"rank {rank} is outside the world of size {size}")
-    if integrity not in INTEGRITY:
-        raise ValueError(f"HOROVOD_SPARK_MESH_INTEGRITY must be one of {', '.join(INTEGRITY)}, "
+    if integrity not in MESH_INTEGRITY:
+        raise ValueError(f"HOROVOD_SPARK_MESH_INTEGRITY must be one of {', '.join(MESH_INTEGRITY)}, "
                          f"got {integrity!r}")
     listener = socket.create_server((bind_addr, 0), backlog=max(size, 16))
     try:

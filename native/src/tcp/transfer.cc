@@ -37,6 +37,9 @@ struct HeaderIo {
   const OpTag* want = nullptr;  // coming in: what this rank expects there
   Role mine;                    // coming in: how its counts read here
   bool pending() const { return link && done < sizeof(Wire); }
+  void seal_once() {  // going out: tagged as the next frame on its link, once
+    if (!sealed) seal(*link, wire), sealed = true;
+  }
   char* at() { return reinterpret_cast<char*>(&wire) + done; }
   size_t left() const { return sizeof(Wire) - done; }
 };
@@ -83,7 +86,7 @@ Status send_once(Link& to, HeaderIo& hdr, const std::vector<SendItem>& items, co
   int n = 0;
   *offered = *sent = 0;
   if (hdr.pending()) {
-    if (!hdr.sealed) hvs::seal(*hdr.link, hdr.wire), hdr.sealed = true;
+    hdr.seal_once();
     iov[n++] = iovec{hdr.at(), hdr.left()};
   }
   size_t done = s.done;
@@ -173,7 +176,7 @@ Status recv_header(HeaderIo& h, const TransferOptions& opt, size_t* moved, Strea
 
 Status send_header(HeaderIo& h, size_t* moved) {
   if (!h.pending()) return Status();
-  if (!h.sealed) seal(*h.link, h.wire), h.sealed = true;
+  h.seal_once();
   ssize_t n;
   do n = ::send(h.link->fd, h.at(), h.left(), MSG_NOSIGNAL | MSG_DONTWAIT);
   while (n < 0 && errno == EINTR);
