@@ -31,10 +31,12 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 
 from .errors import NotSupported
+from .types import DType
 
 __all__ = ["ADASUM", "is_adasum", "check_world", "check_dtype", "combine", "tree"]
 
 FLOATING = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+NATIVE_DTYPES = (DType.FLOAT16, DType.FLOAT32, DType.FLOAT64)  # what a backend's adasum takes
 
 
 def check_world(size: int, rank: int, what: str) -> None:

@@ -17,6 +17,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from . import _buffers as B
+from . import adasum
 from .backends.base import Backend
 from .settings import Config
 from .errors import CollectiveError, MismatchError, describe
@@ -171,8 +172,21 @@ class Communicator:
         dst = src if out is x else self._out_buf(out, src, "allreduce")
         kw = self._stream(backend, src)
 
+        if op == ReduceOp.ADASUM:
+            adasum.check_world(self.size, self.rank, "allreduce")
+            if src.kind == "cuda" or src.dtype not in adasum.NATIVE_DTYPES:
+                raise TypeError(f"allreduce: Adasum on a Communicator combines float16, float32 "
+                                f"or float64 host arrays, got {src.dtype.name.lower()} "
+                                f"({src.kind}); bfloat16 and device tensors go through the "
+                                "fusion engine (horovod_spark.torch does)")
+
         def run():
-            if src.kind == "cuda":
+            if op == ReduceOp.ADASUM:
+                if dst.flat is not src.flat:
+                    np.copyto(dst.flat, src.flat)
+                B.scale_(dst.flat, src.dtype, prescale)
+                backend.adasum(dst.flat, src.dtype, [dst.flat.size])
+            elif src.kind == "cuda":
                 backend.allreduce_tensor(src.flat, dst.flat, src.dtype, op, prescale, postscale, **kw)
             elif prescale != 1.0:
                 if dst.flat is not src.flat:
@@ -205,6 +219,19 @@ class Communicator:
                 B.scale_(dst, dtype, postscale)
 
         self._run("allreduce", (name, B.Buf(src, dtype, src.shape, None, "numpy")), run, False)
+
+    def adasum_flat(self, buf: np.ndarray, dtype: DType, segments: Sequence[int],
+                    name: Optional[str] = None) -> None:
+        """The fusion engine's Adasum (collectives.adasum), in place on a flat CPU array of a
+        floating `dtype` (not bfloat16): `segments` are the element counts of the tensors
+        packed in it, each combined with its own dot products.  Numbered and guarded like
+        every op."""
+        backend = self.backend
+
+        def run():
+            backend.adasum(buf, dtype, segments)
+
+        self._run("allreduce", (name, B.Buf(buf, dtype, buf.shape, None, "numpy")), run, False)
 
     def flat(self, op: str, *args, then=None):
         """The backend's `op` (allreduce, allgather, broadcast, reducescatter, alltoall,

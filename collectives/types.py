@@ -19,6 +19,7 @@ class ReduceOp(enum.IntEnum):
     MIN = 2
     MAX = 3
     PRODUCT = 4
+    ADASUM = 5  # allreduce only: the adaptive sum of collectives.adasum, not an elementwise op
 
 
 class DType(enum.IntEnum):

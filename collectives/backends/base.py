@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+import numpy as np
+
 from ..errors import NotSupported
 from ..types import DType, ReduceOp
 
@@ -129,6 +131,20 @@ class Backend:
                  dtype: DType) -> None:
         """Block j of src (send_counts[j] elements) goes to rank j; block i of dst comes from rank i."""
         self._refuse("alltoall")
+
+    def adasum(self, buf, dtype: DType, segments: Sequence[int]) -> None:
+        """buf on every rank = the Adasum tree over ranks of buf (collectives.adasum), in
+        place, each segment (a run of segments[i] elements) combined on its own.  This
+        default gathers every rank's vector and runs the tree on each rank; the native
+        backend exchanges halves instead (Context::adasum)."""
+        from .. import adasum
+        from ..types import numpy_of_dtype
+
+        flat = np.asarray(buf).view(numpy_of_dtype(dtype)).reshape(-1)
+        rows = np.empty((self.size, flat.size), flat.dtype)
+        self.allgather(flat, rows.reshape(-1), dtype, [flat.size] * self.size)
+        bounds = np.concatenate([[0], np.cumsum(segments)]).astype(int)
+        flat[...] = adasum.tree(rows, list(zip(bounds[:-1], bounds[1:])))
 
     def barrier(self) -> None:
         self._refuse("barrier")

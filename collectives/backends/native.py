@@ -246,6 +246,9 @@ class NativeBackend(Backend):
         self._native().alltoall(src, [int(c) for c in send_counts], dst,
                                 [int(c) for c in recv_counts], int(dtype))
 
+    def adasum(self, buf, dtype: DType, segments: Sequence[int]) -> None:
+        self._native().adasum(buf, int(dtype), [int(n) for n in segments])
+
     def barrier(self) -> None:
         self._native().barrier()
 

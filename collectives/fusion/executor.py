@@ -42,7 +42,7 @@ from .request import Request, Signature
 __all__ = ["Executor"]
 
 Response = Tuple[Signature, Optional[Request]]
-_AVERAGE, _SUM = int(ReduceOp.AVERAGE), int(ReduceOp.SUM)
+_AVERAGE, _SUM, _ADASUM = int(ReduceOp.AVERAGE), int(ReduceOp.SUM), int(ReduceOp.ADASUM)
 # Plain dicts on the hot path: an enum lookup costs more than the copy of a small tensor.
 _NUMPY = {int(d): numpy_of_dtype(d) for d in DType}
 _STORAGE = {**_NUMPY, _BF16: np.dtype(np.float32)}  # what a fusion buffer holds
@@ -163,6 +163,8 @@ class Executor:
 
     def _allreduce_group(self, group: List[Response]) -> None:
         sig0 = group[0][0]
+        if sig0.op == _ADASUM:
+            return self._adasum_group(group)
         op = ReduceOp.SUM if sig0.op == _AVERAGE else ReduceOp(sig0.op)
         if sig0.device != "cpu":
             torch_flags = {_is_torch(req.buf.flat) for _, req in group}
@@ -181,6 +183,26 @@ class Executor:
         t1 = time.perf_counter()
         self._comm.allreduce_flat(fused, fused, _FUSED_DTYPE[sig0.dtype], op,
                                   name=f"fusion.{sig0.name}+{len(group) - 1}")
+        t2 = time.perf_counter()
+        for (sig, req), off, n in zip(group, offsets, counts):
+            if req is not None:
+                self._unpack(fused[off:off + n], req, sig, n)
+        t3 = time.perf_counter()
+        self._account(group, total * fused.itemsize, (t0, t1, t2, t3))
+
+    def _adasum_group(self, group: List[Response]) -> None:
+        """Adasum of a fusion group: packed as a sum's (prescaled, bfloat16 widened), combined
+        in place with each tensor as its own segment (`Communicator.adasum_flat`), unpacked."""
+        sig0 = group[0][0]
+        t0 = time.perf_counter()
+        counts = [math.prod(sig.shape) for sig, _ in group]
+        total = sum(counts)
+        fused = self._fusion_buffer(_STORAGE[sig0.dtype], total)
+        offsets = self._pack_group(fused, group, counts)
+        t1 = time.perf_counter()
+        self._comm.adasum_flat(fused, _FUSED_DTYPE[sig0.dtype], counts,
+                               name=sig0.name if len(group) == 1 else
+                               f"fusion.{sig0.name}+{len(group) - 1}")
         t2 = time.perf_counter()
         for (sig, req), off, n in zip(group, offsets, counts):
             if req is not None:

@@ -20,6 +20,7 @@ from typing import NamedTuple, Optional, Sequence
 import numpy as np
 
 from .. import _buffers as B
+from ..adasum import check_world
 from ..types import DType, ReduceOp, numpy_of_dtype
 from .handle import Handle
 
@@ -41,7 +42,7 @@ class Signature(NamedTuple):
     prescale: float
     postscale: float
     device: str = "cpu"
-    strict_join: bool = False  # allgather/broadcast refused once any rank has joined
+    strict_join: bool = False  # allgather/broadcast/Adasum refused once any rank has joined
 
     @classmethod
     def from_json(cls, item: list) -> "Signature":
@@ -125,6 +126,13 @@ def _check_op(kind: str, op, dtype: DType, prescale: float, postscale: float, wh
     if dtype not in _FLOATING and (op == ReduceOp.AVERAGE or prescale != 1.0 or postscale != 1.0):
         raise TypeError(f"{what}: AVERAGE and scale factors need a floating dtype, got "
                         f"{dtype.name.lower()}; use SUM and divide yourself")
+    if op == ReduceOp.ADASUM:
+        if kind != "allreduce":
+            raise ValueError(f"{what}: Adasum is an allreduce op; {kind} takes SUM, AVERAGE, MIN, "
+                             "MAX or PRODUCT")
+        if dtype not in _FLOATING:
+            raise TypeError(f"{what}: Adasum combines floating tensors (float16, bfloat16, "
+                            f"float32, float64), got {dtype.name.lower()}")
     if dtype == DType.BOOL and op in (ReduceOp.SUM, ReduceOp.PRODUCT):
         raise TypeError(f"{what}: bool tensors reduce with MIN (and) or MAX (or) only")
     return op
@@ -172,6 +180,11 @@ def make_request(name: str, kind: str, buffer, out, op, prescale: float, postsca
     writable = out is not None and out is buffer
     buf = _as_buf(buffer, dtype, writable, f"{what} input")
     rop = _check_op(kind, op, buf.dtype, float(prescale), float(postscale), what)
+    if rop == ReduceOp.ADASUM:
+        check_world(size, rank, what)
+        if buf.kind == "cuda":
+            raise ValueError(f"{what}: Adasum combines host tensors; copy the tensor to the CPU "
+                             "first (horovod_spark.torch does)")
     if kind == "broadcast" and (not isinstance(root, (int, np.integer)) or not 0 <= root < size):
         raise ValueError(f"{what}: root must be a rank in [0, {size}), got {root!r}")
     shape = tuple(buf.shape)  # ints already (numpy shape, torch.Size)
@@ -185,6 +198,6 @@ def make_request(name: str, kind: str, buffer, out, op, prescale: float, postsca
     device = "cuda" if buf.kind == "cuda" else "cpu"
     sig = Signature(name, kind, int(buf.dtype), sig_shape, int(rop),
                     int(root) if kind == "broadcast" else 0, float(prescale), float(postscale), device,
-                    bool(strict_join) and kind in ("allgather", "broadcast"))
+                    (bool(strict_join) and kind in ("allgather", "broadcast")) or rop == ReduceOp.ADASUM)
     handle = Handle(name, kind, rank, size, sig, kick)
     return Request(sig, buf, _out_buf(out, buf, kind, what), splits, handle)

@@ -101,22 +101,13 @@ def allreduce_group(arrays: Sequence[np.ndarray], names: Sequence[str], op: Redu
 
 def adasum_group(arrays: Sequence[np.ndarray], names: Sequence[str], prescale: float = 1.0,
                  postscale: float = 1.0, ps=None) -> list:
-    """Adasum of every array over ranks, each on its own (see collectives.adasum): one
-    allgather per array, then every rank runs the same tree on the gathered rows."""
+    """Adasum of every array over ranks, each on its own (see collectives.adasum): an
+    allreduce of op ADASUM per array, which the engine fuses and the backend combines."""
     eng = _basics.engine_of(ps)
-    n = _basics.size_of(ps)
-    handles = []
-    for a, name in zip(arrays, names):
-        flat = np.ascontiguousarray(a).reshape(-1)
-        if prescale != 1.0:
-            flat = (flat * prescale).astype(flat.dtype)
-        handles.append(eng.submit(name, "allgather", flat, lazy=True, strict_join=True))
-    out = []
-    for h, a in zip(handles, arrays):
-        rows = np.asarray(h.wait()).reshape(n, np.size(a))
-        r = adasum.tree(rows).reshape(np.shape(a))
-        out.append(r if postscale == 1.0 else (r * postscale).astype(r.dtype))
-    return out
+    handles = [eng.submit(name, "allreduce", np.ascontiguousarray(a).reshape(-1),
+                          op=ReduceOp.ADASUM, prescale=prescale, postscale=postscale, lazy=True)
+               for a, name in zip(arrays, names)]
+    return [np.asarray(h.wait()).reshape(np.shape(a)) for h, a in zip(handles, arrays)]
 
 
 def broadcast_group(arrays: Sequence[np.ndarray], names: Sequence[str], root: int,

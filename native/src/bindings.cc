@@ -225,6 +225,12 @@ void bind_context(py::module_& m) {
           throw py::value_error("alltoall buffers do not match the counts");
         c.run("alltoall", seq, [&](Context& x) { return x.alltoall(s.ptr, send_counts, d.ptr, recv_counts, dt); });
       }, "src"_a, "send_counts"_a, "dst"_a, "recv_counts"_a, "dtype"_a, "seq"_a = -1)
+      .def("adasum", [](PyContext& c, py::buffer buf, int dtype, std::vector<size_t> segments, long seq) {
+        DType dt = dtype_arg(dtype);
+        Buffer b = buffer_of(buf, true, "buf");
+        size_t n = count_of(b, dt, "buf");
+        c.run("adasum", seq, [&](Context& x) { return x.adasum(b.ptr, n, dt, segments); });
+      }, "buf"_a, "dtype"_a, "segments"_a, "seq"_a = -1)
       .def("barrier", [](PyContext& c, long seq) {
         c.run("barrier", seq, [&](Context& x) { return x.barrier(); });
       }, "seq"_a = -1);

@@ -69,6 +69,9 @@ class Context {
   Status alltoall(const void* src, const std::vector<size_t>& send_counts, void* dst,
                   const std::vector<size_t>& recv_counts, DType dt);
   Status barrier();
+  // Adasum of `buf` over the world, in place (adasum.cc): `segments` are the element
+  // counts of the tensors packed in it, each combined with its own dot products.
+  Status adasum(void* buf, size_t count, DType dt, const std::vector<size_t>& segments);
 
   // Records a failure: later ops refuse, local peers are told.
   Status fail(Status st);
@@ -84,6 +87,9 @@ class Context {
   Status check_usable();       // also starts the op: every op counts (Agreement::seq)
   void tag(const OpTag& t);  // what this op is, for the shm and TCP agreement checks
   TcpGroup tcp_group(const std::vector<int>& members);
+  char* scratch(size_t bytes);
+  Status swap_halves(int partner, const char* send, size_t send_count, char* recv,
+                     size_t recv_count, DType dt, int distance, bool cma);
   Status hier_allreduce(const void* src, void* dst, size_t count, size_t elem, ReduceFn fn,
                         bool cma = false);
 
@@ -93,6 +99,8 @@ class Context {
   std::vector<int> leaders_;  // lowest rank of each host, if more than one host
   std::unique_ptr<ShmGroup> shm_;
   std::vector<char> staging_;
+  std::unique_ptr<char[]> scratch_;  // adasum.cc
+  size_t scratch_bytes_ = 0;
   Agreement agree_;  // this op, for the TCP headers
   TransportStats stats_;
   Code failed_ = Code::kOk;

@@ -148,7 +148,7 @@ HVS_KERNEL(k_bool_or, Plain<uint8_t>, Or)
 HVS_KERNEL(k_bool_and, Plain<uint8_t>, And)
 
 ReduceFn reduce_fn(DType dtype, ReduceOp op) {
-  // Rows: dtypes in code order; columns: sum, average, min, max, product.
+  // Rows: dtypes in code order; columns: sum, average, min, max, product (adasum: none).
   static const ReduceFn table[kNumDTypes][kNumOps] = {
       {k_f16_sum, nullptr, k_f16_min, k_f16_max, k_f16_prod},
       {k_bf16_sum, nullptr, k_bf16_min, k_bf16_max, k_bf16_prod},

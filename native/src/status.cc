@@ -59,7 +59,7 @@ const char* dtype_name(DType dt) {
 }
 
 const char* op_name(ReduceOp op) {
-  static const char* names[kNumOps] = {"sum", "average", "min", "max", "product"};
+  static const char* names[kNumOps] = {"sum", "average", "min", "max", "product", "adasum"};
   return names[static_cast<int>(op)];
 }
 

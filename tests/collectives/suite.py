@@ -242,13 +242,57 @@ def check_alltoall(comm) -> None:
             _equal(got, np.concatenate(parts), f"alltoall {dtype} scale {scale}")
 
 
+_ADASUM_TOL = {"float16": 2e-3, "float32": 1e-6, "float64": 1e-12}
+
+
+def _adasum_rows(n: int, count: int, dtype: str) -> np.ndarray:
+    """Every rank's Adasum input: random floats, rank 1 a multiple of rank 0 (their pair
+    averages), the last rank of four all zeros (its pair returns the other vector)."""
+    rows = np.stack([np.random.default_rng(50 + r).standard_normal(count) for r in range(n)])
+    if n > 1:
+        rows[1] = 3.0 * rows[0]
+    if n == 4:
+        rows[3] = 0.0
+    return rows.astype(dtype)
+
+
+def check_adasum(comm) -> None:
+    """Adasum (the backend's) equals collectives.adasum's tree of every rank's vector: whole
+    vectors and packed segments; refused on a world that is not a power of two."""
+    from collectives import NotSupported, adasum
+
+    n, r = comm.size, comm.rank
+    if n & (n - 1):
+        try:
+            comm.allreduce(np.ones(4, np.float32), op=ReduceOp.ADASUM)
+        except NotSupported as exc:
+            assert "power-of-two" in str(exc) and f"has {n}" in str(exc), str(exc)
+            return
+        raise AssertionError(f"Adasum ran on {n} ranks")
+    for dtype in ("float16", "float32", "float64"):
+        for count in (0, 1, 17, LARGE_BYTES // np.dtype(dtype).itemsize + 3):
+            rows = _adasum_rows(n, count, dtype)
+            got = comm.allreduce(rows[r].copy(), op=ReduceOp.ADASUM)
+            _equal(got, adasum.tree(rows), f"adasum {dtype}[{count}]", rtol=_ADASUM_TOL[dtype])
+            same = comm.allgather(np.asarray(got).reshape(1, -1))
+            assert (same == same[0]).all(), f"adasum {dtype}[{count}]: ranks hold other bits"
+    segments = [5, 0, 1, 40_000, 3, 70_001]  # tensors fused in one buffer
+    rows = _adasum_rows(n, sum(segments), "float32")
+    rows[:, 5:6] *= 1e3  # a segment whose scale would swamp its neighbours' dot products
+    bounds = np.cumsum([0] + segments)
+    buf = rows[r].copy()
+    comm.backend.adasum(buf, DType.FLOAT32, segments)
+    want = adasum.tree(rows, list(zip(bounds[:-1], bounds[1:])))
+    _equal(buf, want, "adasum of packed segments", rtol=1e-6)
+
+
 def check_barrier(comm) -> None:
     for _ in range(3):
         comm.barrier()
 
 
 CHECKS = (check_allreduce, check_scaling_and_async, check_bit_identical, check_allgather,
-          check_broadcast, check_reducescatter, check_alltoall, check_barrier)
+          check_broadcast, check_reducescatter, check_alltoall, check_adasum, check_barrier)
 
 
 def check_all(comm) -> int:

@@ -1,7 +1,8 @@
 """Checks of op=hvd.Adasum in horovod_spark.tensorflow and keras, run in every rank
 of one launch (see test_tf_adasum.py): eager and traced allreduce in every float
 dtype, grouped tensors each on its own, DistributedGradientTape and the Keras
-DistributedOptimizer, bit for bit against the numpy reference of the torch checks.
+DistributedOptimizer, against the numpy reference of the torch checks, within the
+few units in the last place that the torch checks allow (their docstring says why).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from _tf_support import run_named
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "torch"))
-from _torch_adasum_checks import reference  # noqa: E402  (the same tree, from the definition)
+from _torch_adasum_checks import ULPS, reference  # noqa: E402  (the same tree, from the definition)
 
 CHECKS = {}
 
@@ -37,10 +38,13 @@ def _setup():
     return tf, hvd, hvd.rank(), hvd.size()
 
 
-def _same(got, want, what: str) -> None:
+def _same(got, want, what: str, eps: float = 0.0) -> None:
     got = np.asarray(got)
     assert got.dtype == want.dtype and got.shape == want.shape, (what, got.dtype, got.shape)
-    assert np.array_equal(got, want), f"{what}: max diff {np.abs(got - want).max()}"
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    scale = float(np.abs(w).max()) if w.size else 0.0
+    off = np.abs(g - w) > ULPS * (eps or np.finfo(want.dtype).eps) * scale
+    assert not off.any(), f"{what}: {int(off.sum())} elements off, max diff {np.abs(g - w).max()}"
 
 
 @check
@@ -57,7 +61,9 @@ def allreduce_eager_and_traced_matches_the_reference_tree():
     got = hvd.allreduce(tf.cast(tf.constant(rows[r]), tf.bfloat16), op=hvd.Adasum)
     bf = [tf.cast(tf.cast(tf.constant(v), tf.bfloat16), tf.float32).numpy() for v in rows]
     want = tf.cast(tf.constant(reference(bf, np.float32)), tf.bfloat16)
-    assert got.dtype == tf.bfloat16 and np.array_equal(got.numpy(), want.numpy()), (got, want)
+    assert got.dtype == tf.bfloat16, got
+    _same(tf.cast(got, tf.float32).numpy(), tf.cast(want, tf.float32).numpy(), "bfloat16",
+          eps=2.0 ** -7)
 
 
 @check

@@ -1,7 +1,10 @@
 """Checks of op=hvd.Adasum in horovod_spark.torch, run in every rank of one launch
 (see test_adasum.py).  Every rank builds every rank's input (`vec(r, ...)`), so each
-result is compared, bit for bit, with `reference`: the same tree written here
-again, from the definition, as a recursion over halves of the rank list.
+result is compared with `reference`: the same tree written here again, from the
+definition, as a recursion over halves of the rank list.  Within a few units in the
+last place of the vector's scale, and no more: the backend sums the dot products of
+each half on the rank that holds it (vector halving), numpy in one pass, so the
+coefficients may differ in their last bits; everything else is the same arithmetic.
 """
 from __future__ import annotations
 
@@ -40,9 +43,17 @@ def expected(size: int, n: int, seed: int, dtype) -> torch.Tensor:
     return torch.from_numpy(reference(rows, rows[0].dtype))
 
 
+ULPS = 4  # the dot products' last bits, through the coefficients, in the rounded result
+
+
 def same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     assert got.dtype == want.dtype and got.shape == want.shape, (what, got.dtype, got.shape)
-    assert torch.equal(got, want), f"{what}: max diff {(got.double() - want.double()).abs().max()}"
+    eps = torch.finfo(want.dtype).eps
+    g, w = got.double(), want.double()
+    scale = float(w.abs().max()) if w.numel() else 0.0
+    bad = (g - w).abs() > ULPS * eps * scale
+    assert not bad.any(), f"{what}: {int(bad.sum())} elements off by up to " \
+                          f"{float((g - w).abs().max())} (scale {scale}, eps {eps})"
 
 
 def allreduce_matches_the_reference_tree_in_every_float_dtype(hvd):

@@ -28,8 +28,9 @@ enum class ReduceOp : int {
   kMin = 2,
   kMax = 3,
   kProduct = 4,
+  kAdasum = 5,  // no elementwise kernel: Context::adasum (adasum.cc)
 };
-constexpr int kNumOps = 5;
+constexpr int kNumOps = 6;
 
 size_t itemsize(DType dt);
 const char* dtype_name(DType dt);

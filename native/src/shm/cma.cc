@@ -149,21 +149,21 @@ class CmaAllreduce {
   std::vector<const void*> inputs_;
 };
 
-}  // namespace
-
-Status shm_allreduce_cma(ShmGroup& g, const void* src, void* dst, size_t count, size_t elem,
-                         ReduceFn fn, size_t chunk_bytes, bool* used) {
-  *used = false;
+// Opens a step in which every local rank posts its addresses (src, dst) and reads its
+// peers'; on the group's first such step the ranks probe and agree on CMA (only the
+// probe flag is written then: a peer may still be reading our addresses).  The step
+// stays open; the caller ends it, at once where the group's verdict is off.
+Status exchange_addresses(ShmGroup& g, const void* src, const void* dst,
+                          std::vector<Addresses>* peers) {
   HVS_CHECK(g.begin_step());
   Addresses mine{reinterpret_cast<uint64_t>(src), reinterpret_cast<uint64_t>(dst), 0};
   std::memcpy(g.buffer(g.me()), &mine, sizeof mine);
   g.post();
   HVS_CHECK(g.wait_step_all());
-  std::vector<Addresses> peers(g.size());
-  for (int j = 0; j < g.size(); ++j) std::memcpy(&peers[j], g.buffer(j), sizeof peers[j]);
+  peers->resize(g.size());
+  for (int j = 0; j < g.size(); ++j) std::memcpy(&(*peers)[j], g.buffer(j), sizeof (*peers)[j]);
   if (g.cma() == ShmGroup::Cma::kUnknown) {  // every rank probes, then all agree
-    // (only the flag is written: a peer may still be reading our addresses)
-    uint32_t ok = g.cma_wanted() && probe(g, peers) ? 1 : 0;
+    uint32_t ok = g.cma_wanted() && probe(g, *peers) ? 1 : 0;
     std::memcpy(g.buffer(g.me()) + offsetof(Addresses, probe_ok), &ok, sizeof ok);
     g.post();
     HVS_CHECK(g.wait_all(g.phase()));
@@ -175,6 +175,25 @@ Status shm_allreduce_cma(ShmGroup& g, const void* src, void* dst, size_t count, 
     }
     g.set_cma(all ? ShmGroup::Cma::kOn : ShmGroup::Cma::kOff);
   }
+  return Status();
+}
+
+// The end of a step in which peers read our buffers: post, and wait until every peer
+// has posted too, so nobody returns (and lets its caller reuse them) while read.
+Status finish_reads(ShmGroup& g) {
+  g.post();
+  HVS_CHECK(g.wait_all(g.phase()));
+  g.end_step();
+  return Status();
+}
+
+}  // namespace
+
+Status shm_allreduce_cma(ShmGroup& g, const void* src, void* dst, size_t count, size_t elem,
+                         ReduceFn fn, size_t chunk_bytes, bool* used) {
+  *used = false;
+  std::vector<Addresses> peers;
+  HVS_CHECK(exchange_addresses(g, src, dst, &peers));
   if (g.cma() != ShmGroup::Cma::kOn) {
     g.end_step();
     return Status();  // the caller runs the staged algorithm
@@ -191,9 +210,40 @@ Status shm_allreduce_cma(ShmGroup& g, const void* src, void* dst, size_t count, 
     prev_first = first, prev_n = n, prev_phase = g.phase();
   }
   HVS_CHECK(op.copy_out(prev_first, prev_n, prev_phase));
-  g.post();  // done reading the peers' buffers
-  HVS_CHECK(g.wait_all(g.phase()));
-  g.end_step();
+  HVS_CHECK(finish_reads(g));  // done reading the peers' buffers
+  *used = true;
+  return Status();
+}
+
+Status shm_exchange_cma(ShmGroup& g, int peer, const void* send, void* recv, size_t recv_bytes,
+                        bool* used) {
+  *used = false;
+  std::vector<Addresses> peers;
+  HVS_CHECK(exchange_addresses(g, send, recv, &peers));
+  if (g.cma() != ShmGroup::Cma::kOn) {
+    g.end_step();
+    return Status();
+  }
+  if (recv_bytes) HVS_CHECK(read_peer(g, peer, recv, peers[peer].src, recv_bytes));
+  HVS_CHECK(finish_reads(g));
+  *used = true;
+  return Status();
+}
+
+Status shm_gather_spans_cma(ShmGroup& g, char* buf, const std::vector<Span>& spans, bool* used) {
+  *used = false;
+  std::vector<Addresses> peers;
+  HVS_CHECK(exchange_addresses(g, buf, buf, &peers));
+  if (g.cma() != ShmGroup::Cma::kOn) {
+    g.end_step();
+    return Status();
+  }
+  for (int j = 0; j < g.size(); ++j) {
+    if (j == g.me() || spans[j].len == 0) continue;
+    const size_t off = static_cast<size_t>(spans[j].ptr - buf);
+    HVS_CHECK(read_peer(g, j, spans[j].ptr, peers[j].dst + off, spans[j].len));
+  }
+  HVS_CHECK(finish_reads(g));
   *used = true;
   return Status();
 }

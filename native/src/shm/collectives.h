@@ -27,6 +27,18 @@ Status shm_allreduce_cma(ShmGroup& g, const void* src, void* dst, size_t count, 
 // already agreed to use it (shm_allreduce_cma's probe).
 Status shm_broadcast_cma(ShmGroup& g, char* buf, size_t len, int root, bool* used);
 
+// Every local rank passes the peer it swaps with (a local rank; each rank's peer's
+// peer is itself), the start of what it sends and where the peer's goes (recv_bytes,
+// what the peer sends): each reads its peer's bytes in place by cross-memory attach.
+// *used as shm_allreduce_cma's (then nothing was read, and every rank alike).
+Status shm_exchange_cma(ShmGroup& g, int peer, const void* send, void* recv, size_t recv_bytes,
+                        bool* used);
+
+// Local rank j's span (spans[j], inside buf; every rank passes the same offsets and
+// lengths) is read from rank j's buf into the same span of every other rank's, by
+// cross-memory attach; *used as shm_allreduce_cma's.
+Status shm_gather_spans_cma(ShmGroup& g, char* buf, const std::vector<Span>& spans, bool* used);
+
 // The spans of local rank `root` are copied into the same spans of every
 // other rank (every rank passes spans of the same lengths).
 Status shm_broadcast(ShmGroup& g, const std::vector<Span>& spans, int root);
