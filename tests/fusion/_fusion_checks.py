@@ -126,6 +126,41 @@ def fusion_packs_a_burst_into_few_collectives(eng, comm):
     assert collectives_used >= -(-64 * 256 * 4 // threshold), (collectives_used, threshold)
 
 
+def adasum_is_an_allreduce_op_fused_per_tensor(eng, comm):
+    """op=ADASUM: a burst of tensors is fused, each combined with its own dot products as
+    collectives.adasum's tree; scale factors apply; wrong uses raise at the call."""
+    from collectives import NotSupported, adasum
+
+    r, n = comm.rank, comm.size
+    if n & (n - 1):
+        try:
+            eng.submit("adasum.odd", "allreduce", np.ones(4, np.float32), op=ReduceOp.ADASUM)
+        except NotSupported as exc:
+            assert f"has {n}" in str(exc) and "power-of-two" in str(exc), exc
+        else:
+            raise AssertionError(f"Adasum was accepted on {n} ranks")
+        return
+    sizes = [3, 1000, 1, 257, 40, 4096] * 2
+    rows = [np.stack([data(q, k, np.float32, tag=50 + i) * (1 + 10 * i) for q in range(n)])
+            for i, k in enumerate(sizes)]
+    before = eng.metrics()
+    hs = [eng.submit(f"adasum.{i}", "allreduce", rows[i][r].copy(), op=ReduceOp.ADASUM,
+                     prescale=2.0 if i == 1 else 1.0, postscale=0.25 if i == 1 else 1.0)
+          for i in range(len(sizes))]
+    for i, h in enumerate(hs):
+        want = adasum.tree(rows[i] * (2.0 if i == 1 else 1.0)) * (0.25 if i == 1 else 1.0)
+        np.testing.assert_allclose(h.wait(WAIT), want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+    assert eng.metrics()["fused_buffers"] > before["fused_buffers"], (before, eng.metrics())
+    for kind, x, err in (("allreduce", np.ones(4, np.int32), TypeError),
+                         ("reducescatter", np.ones(4, np.float32), ValueError)):
+        try:
+            eng.submit(f"adasum.bad.{kind}", kind, x, op=ReduceOp.ADASUM)
+        except err as exc:
+            assert "Adasum" in str(exc), exc
+        else:
+            raise AssertionError(f"{kind} of {x.dtype} with Adasum was accepted")
+
+
 def steady_state_needs_no_negotiation(eng, comm):
     """Names seen once are cached: the second round costs only bit-vector cycles."""
     def one_round():
@@ -439,6 +474,7 @@ def a_caller_cycle_in_inference_mode_finishes_other_ops_as_plain_tensors(eng, co
 
 CHECKS = [allreduce_every_op_and_dtype_matches_numpy, bfloat16_buffers_reduce_through_a_dtype_tag,
           scale_factors_and_in_place_results_match_numpy, fusion_packs_a_burst_into_few_collectives,
+          adasum_is_an_allreduce_op_fused_per_tensor,
           steady_state_needs_no_negotiation, ranks_may_submit_in_different_orders,
           the_other_kinds_match_numpy,
           scalars_and_empty_tensors_work, wrong_arguments_raise_at_the_call,

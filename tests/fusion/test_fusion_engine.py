@@ -46,6 +46,10 @@ def test_a_burst_of_tensors_is_fused_into_few_collectives(results):
     _ok(results, checks.fusion_packs_a_burst_into_few_collectives)
 
 
+def test_adasum_is_an_allreduce_op_fused_per_tensor(results):
+    _ok(results, checks.adasum_is_an_allreduce_op_fused_per_tensor)
+
+
 def test_names_seen_before_need_no_negotiation(results):
     _ok(results, checks.steady_state_needs_no_negotiation)
 
