@@ -16,10 +16,13 @@
 //             one allreduce of the partial sums (a few doubles) gives every
 //             rank the whole dot products, and it combines its half in place
 //   gather    after k levels rank r holds 1/2^k of the result, at its own
-//             offset in the buffer; an allgather makes it whole everywhere
+//             offset in the buffer.  On one host every rank reads the others'
+//             parts in place (cross-memory attach; else an allgather through
+//             the segment); across hosts the levels run backwards (distance
+//             halving), each pair swapping what it holds, in place
 //
 // Each rank sends count/2 + count/4 + ... ~ count elements and then gathers
-// the same again: what a ring allreduce moves, in k + 1 exchanges and k tiny
+// the same again: what a ring allreduce moves, in 2k exchanges and k tiny
 // allreduces, where an allgather of every vector moves (2^k - 1) x count.
 // The tree, the dot products per segment, the float64 arithmetic and the
 // rounding of each level's result to the dtype are those of adasum.py's tree,
@@ -159,8 +162,23 @@ Status Context::adasum(void* buf, size_t count, DType dt, const std::vector<size
     at = keep;
   }
 
-  // Every rank's range, in rank order; where they lie in rank order too (2 ranks),
-  // the allgather writes straight into the buffer.
+  if (!leaders_.empty()) {
+    // Across hosts, the levels backwards (distance halving, as Horovod's): each pair swaps
+    // what it holds, in place, so every rank sends count/2^k + ... + count/2 and the
+    // ranks of a host all use their links, where an allgather goes through the leaders.
+    for (int j = levels - 1; j >= 0; --j) {
+      const int partner = me ^ (1 << j);
+      const Range theirs_at = kept_range(partner, j + 1, count);
+      const Range both = kept_range(me, j, count);
+      HVS_CHECK(swap_halves(partner, data + at.lo * elem, at.len(), data + theirs_at.lo * elem,
+                            theirs_at.len(), dt, 1 << j, cma));
+      at = both;
+    }
+    return Status();
+  }
+
+  // One host: every rank's range, in rank order; where they lie in rank order too (2
+  // ranks), the allgather writes straight into the buffer.
   std::vector<Range> ranges(size);
   std::vector<size_t> counts(size);
   bool in_order = true;
@@ -169,8 +187,7 @@ Status Context::adasum(void* buf, size_t count, DType dt, const std::vector<size
     counts[r] = ranges[r].len();
     if (r > 0 && ranges[r].lo != ranges[r - 1].hi) in_order = false;
   }
-  if (leaders_.empty() && shm_ && cma && shm_->cma() != ShmGroup::Cma::kOff) {
-    // one host: every rank reads the others' ranges in place
+  if (shm_ && cma && shm_->cma() != ShmGroup::Cma::kOff) {  // read in place
     HVS_CHECK(check_usable());
     tag(OpTag{OpTag::kAllgather, static_cast<int>(dt), -1, -1, count, kCmaSwap});
     std::vector<Span> spans;
