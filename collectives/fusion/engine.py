@@ -38,7 +38,7 @@ from .cache import ResponseCache
 from .executor import Executor
 from .handle import Handle
 from .lane import Lane, codes as lane_codes
-from .request import Request, Signature, make_request
+from .request import Memo, Request, Signature, make_request
 from .scheduling import IDLE_S, Scheduler
 from .stall import StallWatch
 from .table import MessageTable
@@ -68,6 +68,7 @@ class FusionEngine:
         self._queue: list = []
         self._live: Dict[str, Request] = {}  # submitted, not finished: what _stop must fail
         self._pending: Dict[str, Request] = {}
+        self._memo: Dict[str, Memo] = {}  # name -> its last torch request's checked parts
         self._layout = C.Layout(self.size)
         self._cache = ResponseCache()
         self._table = MessageTable(self.size)
@@ -115,8 +116,18 @@ class FusionEngine:
         """
         if kind == "join":
             return self._submit_join()
-        req = make_request(name, kind, buffer, out, op, prescale, postscale, root, splits,
-                           dtype, self.rank, self.size, self._sched.on_wait, strict_join)
+        args = (kind, op, prescale, postscale, root, splits, dtype, strict_join)
+        memo = self._memo.get(name)
+        if memo is not None and memo.fits(args, buffer, out):
+            req = memo.request(self.rank, self.size, self._sched.on_wait)
+        else:
+            req = make_request(name, kind, buffer, out, op, prescale, postscale, root, splits,
+                               dtype, self.rank, self.size, self._sched.on_wait, strict_join)
+            memo = Memo.of(req, args, buffer, out)
+            if memo is not None:
+                if len(self._memo) >= Memo.LIMIT:
+                    self._memo.clear()
+                self._memo[name] = memo
         if req.sig.device != "cpu":  # ordered after its producer on the caller's stream
             req.ready = self._executor.streams.ready(req.buf.flat)
             self._cuda = True

@@ -184,8 +184,14 @@ class Executor:
         self._comm.allreduce_flat(fused, fused, _FUSED_DTYPE[sig0.dtype], op,
                                   name=f"fusion.{sig0.name}+{len(group) - 1}")
         t2 = time.perf_counter()
+        plain = sig0.dtype != _BF16
         for (sig, req), off, n in zip(group, offsets, counts):
-            if req is not None:
+            if req is None:
+                continue
+            if plain and req.out is not None and self._post(sig) == 1.0:  # the common case, inline
+                np.copyto(req.out.flat, fused[off:off + n])
+                self._done(req, req.out.source, None)
+            else:
                 self._unpack(fused[off:off + n], req, sig, n)
         t3 = time.perf_counter()
         self._account(group, total * fused.itemsize, (t0, t1, t2, t3))

@@ -24,7 +24,7 @@ from ..adasum import check_world
 from ..types import DType, ReduceOp, numpy_of_dtype
 from .handle import Handle
 
-__all__ = ["KINDS", "Signature", "Request", "make_request"]
+__all__ = ["KINDS", "Signature", "Request", "make_request", "Memo"]
 
 KINDS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier")
 _REDUCING = ("allreduce", "reducescatter")
@@ -201,3 +201,36 @@ def make_request(name: str, kind: str, buffer, out, op, prescale: float, postsca
                     (bool(strict_join) and kind in ("allgather", "broadcast")) or rop == ReduceOp.ADASUM)
     handle = Handle(name, kind, rank, size, sig, kick)
     return Request(sig, buf, _out_buf(out, buf, kind, what), splits, handle)
+
+
+class Memo:
+    """The checked parts of a name's last request on a CPU torch tensor, reused when the
+    same tensor comes back under that name with the same arguments (every step's
+    gradients and metrics): its signature and flat views stay right as long as the
+    tensor has the same storage address, shape and dtype and stays contiguous, which
+    `fits` checks in a fraction of what `make_request`'s checks cost.  Only tensors the
+    request views in place are memoized (not a contiguous copy of a strided input)."""
+
+    __slots__ = ("args", "source", "out", "ptr", "shape", "dtype", "sig", "buf", "out_buf",
+                 "splits")
+    LIMIT = 4096  # names memoized per engine (unnamed ops count up: no unbounded growth)
+
+    @classmethod
+    def of(cls, req: Request, args: tuple, source, out) -> Optional["Memo"]:
+        if req.buf is None or req.buf.kind != "torch" or req.buf.source is not source:
+            return None
+        m = cls()
+        m.args, m.source, m.out, m.sig, m.buf, m.out_buf, m.splits = \
+            args, source, out, req.sig, req.buf, req.out, req.splits
+        m.ptr, m.shape, m.dtype = source.data_ptr(), source.shape, source.dtype
+        return m
+
+    def fits(self, args: tuple, source, out) -> bool:
+        return (source is self.source and out is self.out and args == self.args
+                and source.data_ptr() == self.ptr and source.shape == self.shape
+                and source.dtype == self.dtype and source.is_contiguous())
+
+    def request(self, rank: int, size: int, kick) -> Request:
+        sig = self.sig
+        return Request(sig, self.buf, self.out_buf, self.splits,
+                       Handle(sig.name, sig.kind, rank, size, sig, kick))

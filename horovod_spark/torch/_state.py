@@ -91,8 +91,12 @@ def submit(name: str, kind: str, *args, view=None, **kwargs):
     refused argument is an InvalidArgument (a ValueError, and the RuntimeError a Horovod
     script catches)."""
     eng = engine() if view is None else view
-    with refused_as_invalid_argument():
+    try:  # (not refused_as_invalid_argument: a generator's context costs more than this op)
         return eng.submit(name, kind, *args, lazy=getattr(_local, "now", False), **kwargs)
+    except InvalidArgument:
+        raise
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from exc
 
 
 @contextlib.contextmanager

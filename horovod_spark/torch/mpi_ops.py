@@ -133,7 +133,14 @@ def _plan(tensor, op, pre, post) -> Optional[_Plan]:
     return None
 
 
+def _first(results):
+    return results[0]
+
+
 def _reduce_finish(plan: Optional[_Plan], inplace: Optional[torch.Tensor], ps=None):
+    if plan is None:  # the engine's result: a new tensor, or `inplace` itself (its out=)
+        return _first
+
     def finish(results):
         out = results[0] if plan is None else plan.finish(results[0], _state.set_size(ps))
         return inplace if inplace is not None else out
