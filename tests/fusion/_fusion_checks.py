@@ -472,9 +472,45 @@ def a_caller_cycle_in_inference_mode_finishes_other_ops_as_plain_tensors(eng, co
     result.add_(1)  # fails on an inference tensor outside inference mode
 
 
+def a_name_resubmitted_with_a_changed_tensor_takes_the_new_one(eng, comm):
+    """The memo of a name's last torch request (request.Memo) is reused only for the same
+    tensor with the same storage, shape and dtype: a parameter whose .data was replaced,
+    a tensor resized in place, another tensor or other arguments under the same name are
+    checked afresh, and each result lands where that step's tensor lives."""
+    try:
+        import torch
+    except ImportError:
+        return
+    n = comm.size
+    t = torch.full((8,), 1.0 + comm.rank)
+    for _ in range(2):  # the second submission reuses the memo
+        eng.submit("memo.t", "allreduce", t, out=t).wait(WAIT)
+        t.fill_(1.0 + comm.rank)
+    old = t.data
+    t.data = torch.full((8,), 10.0 * (comm.rank + 1))  # new storage, the same object
+    assert eng.submit("memo.t", "allreduce", t, out=t).wait(WAIT) is t
+    assert (t == 10.0 * n * (n + 1) / 2).all(), t
+    assert (old == 1.0 + comm.rank).all(), "the old storage was written"
+    t.resize_(4)  # in place, another shape: a new signature (every rank alike)
+    t.fill_(1.0)
+    assert (eng.submit("memo.t", "allreduce", t, out=t).wait(WAIT) == n).all() and t.shape == (4,)
+    u = torch.ones(4)
+    got = eng.submit("memo.t", "allreduce", u).wait(WAIT)  # another tensor, not in place
+    assert got is not u and (got == n).all() and (u == 1).all(), (got, u)
+    got = eng.submit("memo.t", "allreduce", u, op=ReduceOp.AVERAGE).wait(WAIT)  # other arguments
+    assert (got == 1).all(), got
+    try:
+        eng.submit("memo.t", "allreduce", torch.ones(4, dtype=torch.int32), op=ReduceOp.AVERAGE)
+    except TypeError:
+        pass  # refused at the call, as without a memo
+    else:
+        raise AssertionError("AVERAGE of an int32 tensor was accepted")
+
+
 CHECKS = [allreduce_every_op_and_dtype_matches_numpy, bfloat16_buffers_reduce_through_a_dtype_tag,
           scale_factors_and_in_place_results_match_numpy, fusion_packs_a_burst_into_few_collectives,
           adasum_is_an_allreduce_op_fused_per_tensor,
+          a_name_resubmitted_with_a_changed_tensor_takes_the_new_one,
           steady_state_needs_no_negotiation, ranks_may_submit_in_different_orders,
           the_other_kinds_match_numpy,
           scalars_and_empty_tensors_work, wrong_arguments_raise_at_the_call,

@@ -50,6 +50,10 @@ def test_adasum_is_an_allreduce_op_fused_per_tensor(results):
     _ok(results, checks.adasum_is_an_allreduce_op_fused_per_tensor)
 
 
+def test_a_name_resubmitted_with_a_changed_tensor_takes_the_new_one(results):
+    _ok(results, checks.a_name_resubmitted_with_a_changed_tensor_takes_the_new_one)
+
+
 def test_names_seen_before_need_no_negotiation(results):
     _ok(results, checks.steady_state_needs_no_negotiation)
 
