@@ -42,7 +42,8 @@ PARQUET_DIRECT = Setting("HOROVOD_SPARK_PARQUET_DIRECT", True, parse_bool, "driv
 TF_LANE = Setting("HOROVOD_SPARK_TF_LANE", True, parse_bool, "rank",
                   "TensorFlow's traced allreduces run as the native lane op")
 TORCH_LANE = Setting("HOROVOD_SPARK_TORCH_LANE", True, parse_bool, "rank",
-                     "torch's blocking named allreduces of CPU tensors run in the native lane")
+                     "torch's named allreduces of CPU tensors (blocking, and in-place async) "
+                     "run in the native lane")
 CACHE = Setting("HOROVOD_SPARK_CACHE", None, str, "rank",
                 "where the TensorFlow lane op is compiled to")
 DYNAMIC_PROCESS_SETS = Setting("HOROVOD_DYNAMIC_PROCESS_SETS", False, parse_bool, "rank",

@@ -49,6 +49,20 @@ __all__ = ["FusionEngine", "IDLE_S"]
 log = logging.getLogger("collectives.fusion")
 
 _INT32, _SUM = DType.INT32, ReduceOp.SUM
+class _Finished:
+    """A lane op found done by a poll: what a later wait finds in its place."""
+
+    @staticmethod
+    def poll() -> bool:
+        return True
+
+    @staticmethod
+    def wait(timeout=None) -> None:
+        return None
+
+
+_DONE = _Finished()
+
 _METRICS = ("cycles", "caller_cycles", "negotiations", "tensors", "allreduce_tensors",
             "allreduce_bytes", "fused_buffers", "collectives", "collective_s", "coordination_s",
             "thread_cpu_s", "lane_handovers")
@@ -69,6 +83,10 @@ class FusionEngine:
         self._live: Dict[str, Request] = {}  # submitted, not finished: what _stop must fail
         self._pending: Dict[str, Request] = {}
         self._memo: Dict[str, Memo] = {}  # name -> its last torch request's checked parts
+        # async ops queued in the lane: ticket -> (name, tensor, op, postscale); once the
+        # engine took them over (flushed), ticket -> the request's handle
+        self._lane_ops: Dict[int, tuple] = {}
+        self._lane_flushed: Dict[int, Handle] = {}
         self._layout = C.Layout(self.size)
         self._cache = ResponseCache()
         self._table = MessageTable(self.size)
@@ -86,6 +104,8 @@ class FusionEngine:
         self._stopped: Optional[tuple] = None  # (error class, text, cause)
         self._cycle_no, self._synced = 0, time.perf_counter()
         self._lane: Optional[Lane] = Lane.make(comm, self._cache) if lane else None
+        if self._lane is not None:
+            self._lane.native.set_threshold(int(self._config.fusion_threshold))
         self._cuda = False  # True once a CUDA tensor is submitted (its cycles look for them)
         self._stall = StallWatch(comm, self._config, self.rank, self.size)
         self._lane_update()
@@ -131,7 +151,8 @@ class FusionEngine:
         if req.sig.device != "cpu":  # ordered after its producer on the caller's stream
             req.ready = self._executor.streams.ready(req.buf.flat)
             self._cuda = True
-        with self._lock:
+        self._lock_without_lane_queue()
+        try:
             if self._stopped is not None:
                 self._raise_if_stopped(req.sig.kind, req.sig.tensor())
             if name in self._live:
@@ -139,6 +160,8 @@ class FusionEngine:
                                  "name is already pending; wait for it or use another name")
             self._live[name] = req
             self._queue.append(req)
+        finally:
+            self._lock.release()
         if lazy:
             req.handle.lazy = True
         else:
@@ -154,8 +177,11 @@ class FusionEngine:
 
     def shutdown(self, timeout: Optional[float] = None) -> None:
         """Stop the engine on every rank (the others stop at their next cycle)."""
-        with self._lock:
+        self._lock_without_lane_queue()  # the lane's queued ops become the engine's, to finish or fail
+        try:
             self._shutdown_requested = True
+        finally:
+            self._lock.release()
         self._lane_update()
         self._sched.notify()
         if self._sched.in_own_cycle():
@@ -249,7 +275,9 @@ class FusionEngine:
             # not announced: the lane set its cached bit, and if a peer's new signature for
             # this name evicts that bit in this cycle, the request must announce its own next
             # cycle (as a cached request in Python's cycles does), or the name would hang
-            # instead of failing as a mismatch
+            # instead of failing as a mismatch.  Async ops queued in the lane meanwhile (not
+            # in this cycle's vector) become the engine's first: all pending work in one place.
+            self._lane_take_over(handed_over=True)
             with self._lock:
                 self._raise_if_stopped("allreduce", req.sig.tensor())
                 self._live[name] = req
@@ -261,6 +289,131 @@ class FusionEngine:
             self._guarded_cycle(body=lambda: self._cycle_rest(vec, b"", t0))
         req.handle.lazy = True
         req.handle.wait()
+
+    # -- async ops in the lane ------------------------------------------------------
+    # One rule keeps the lane's batch cycles and Python's from starving each other: a
+    # rank's pending work is all in one place.  An op enters the lane's queue only while
+    # the engine holds nothing (under the engine's lock), and anything submitted to the
+    # engine first takes the lane's queue over (_lock_without_lane_queue), so every cycle
+    # of this rank contributes every op it has, as Python's cycle alone would.
+    def lane_enqueue(self, slot: int, name: str, tensor, ptr: int, nbytes: int, op: ReduceOp,
+                     postscale: float) -> int:
+        """Queue an in-place async allreduce of `tensor` (at address ptr) in the lane; its
+        ticket, or -1 (the slot is not armed: submit, then arm it) or -2 (the engine holds
+        work, or the lane is off: submit)."""
+        lane = self._lane
+        if lane is None:
+            return -2
+        if not lane.native.armed(slot, nbytes):
+            return -1
+        with self._lock:
+            if self._queue or self._pending or name in self._live or self._stopped is not None:
+                return -2
+            ticket = lane.native.enqueue(slot, ptr, ptr, nbytes)
+            if ticket >= 0:
+                self._lane_ops[ticket] = (name, tensor, op, postscale)
+        return ticket
+
+    def lane_wait(self, ticket: int, budget: float = 2.0) -> None:
+        """Wait for a queued op: the lane's batch cycles, or the engine once it took the op
+        over (a handover, a stale slot, the lane switched off, `budget` seconds without
+        the op done).  Raises as `Handle.wait` does."""
+        lane = self._lane
+        known = lane_codes()
+        code = lane.native.wait(ticket, budget)
+        if code == known["handover"]:
+            self._lane_batch_handover()
+        elif code == known["error"]:
+            name = self._lane_ops.get(ticket, ("?",))[0]
+            try:
+                lane.raise_error()
+            except CollectiveError as exc:
+                err = type(exc)(describe(str(exc), rank=self.rank, size=self.size, op="allreduce",
+                                         tensor=f"'{name}'"))
+                self._stop(type(exc), f"the fusion engine stopped after a failure: "
+                           f"{type(exc).__name__}: {err}", exc)
+                self._lane_ops.pop(ticket, None)
+                raise err from exc
+        if code != known["done"] and not lane.native.done(ticket):
+            if ticket not in self._lane_flushed:
+                self._lane_take_over(handed_over=False)
+            handle = self._lane_flushed.pop(ticket, None)
+            if handle is not None:
+                self._lane_ops.pop(ticket, None)
+                handle.wait()
+                return
+            if not lane.native.done(ticket):  # (a cycle ran it meanwhile, or it failed)
+                self._raise_if_stopped("allreduce", f"'{self._lane_ops.get(ticket, ('?',))[0]}'")
+        self._lane_ops.pop(ticket, None)
+
+    def lane_poll(self, ticket: int) -> bool:
+        """Whether a queued op is done; if not, the engine takes the lane's queue over (its
+        thread makes progress, as for any async op nobody waits for)."""
+        if ticket in self._lane_flushed:
+            return self._lane_flushed[ticket].poll()
+        if self._lane.native.done(ticket):
+            self._lane_ops.pop(ticket, None)
+            self._lane_flushed[ticket] = _DONE
+            return True
+        self._lane_take_over(handed_over=False)
+        return self.lane_poll(ticket) if ticket in self._lane_flushed else False
+
+    def _lock_without_lane_queue(self) -> None:
+        """Take the engine's lock with the lane's queue empty: the queued ops become the
+        engine's requests first (in their order, before what the caller adds)."""
+        while True:
+            if self._lane is not None and self._lane.native.queued:
+                self._lane_take_over(handed_over=False)
+            self._lock.acquire()
+            if self._lane is None or not self._lane.native.queued:
+                return
+            self._lock.release()  # an op entered the lane meanwhile: it goes first
+
+    def _lane_take_over(self, handed_over: bool) -> None:
+        """The lane's queued ops become requests of the engine, in order: queued for the next
+        cycle, or (`handed_over`: this thread holds the cycle lock the lane took, inside
+        the cycle it coordinated, which contributed them) pending without an announcement,
+        as `_lane_handover` enters its one op."""
+        lock = self._lane.lock
+        if not handed_over:
+            lock.acquire()
+        try:
+            reqs = []
+            for ticket in self._lane.native.take_queue():
+                name, tensor, op, post = self._lane_ops[ticket]
+                req = make_request(name, "allreduce", tensor, tensor, op, 1.0, post, 0, None, None,
+                                   self.rank, self.size, self._sched.on_wait)
+                self._lane_flushed[ticket] = req.handle
+                reqs.append(req)
+            with self._lock:
+                for req in reqs:
+                    self._live[req.name] = req
+                    if handed_over:
+                        self._pending[req.name] = req
+                    else:
+                        self._queue.append(req)
+        finally:
+            if not handed_over:
+                lock.release()
+        if reqs and not handed_over:
+            self._sched.notify()
+
+    def _lane_batch_handover(self) -> None:
+        """The lane's batch cycle was not the lane's to finish (a peer joined, announced, asked
+        for a stall report, stops): its queue becomes the engine's, which finishes the cycle."""
+        t0 = time.perf_counter()
+        with self._sched.handed_cycle():
+            try:
+                self._lane_take_over(handed_over=True)
+            except Exception as exc:  # the peers are inside this cycle: leave it stopped
+                self._stop(CollectiveError, f"the fusion engine stopped after a failure: "
+                           f"{type(exc).__name__}: {exc}", exc)
+                raise
+            self._cycle_no += 1
+            self._metrics["lane_handovers"] += 1
+            self._lane.sync()
+            vec = self._lane.result()
+            self._guarded_cycle(body=lambda: self._cycle_rest(vec, b"", t0))
 
     def _lane_update(self) -> None:
         """The lane runs only while the engine would contribute its plain vector."""
@@ -295,6 +448,8 @@ class FusionEngine:
     # -- submission side -------------------------------------------------------
     def _submit_join(self) -> Handle:
         handle = Handle("join", "join", self.rank, self.size, None, self._sched.on_wait)
+        self._lock_without_lane_queue()
+        self._lock.release()
         with self._lock:
             self._raise_if_stopped("join", "join")
             self._queue.append(handle)

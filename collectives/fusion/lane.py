@@ -52,7 +52,7 @@ class Lane:
     def __init__(self, native, cache) -> None:
         self.native, self._cache = native, cache
         self.generation, self._version = 0, -1
-        self._base = dict.fromkeys(("cycles", "bytes", "collective_s"), 0)
+        self._base = dict.fromkeys(("cycles", "tensors", "bytes", "collective_s"), 0)
         native.set_cache(0, 0, [])
 
     @classmethod
@@ -92,11 +92,15 @@ class Lane:
     def add_metrics(self, out: dict, reset: bool) -> None:
         """Count the lane's cycles in the engine's metrics `out`; adds lane_cycles."""
         lane = self.native
-        now = {"cycles": lane.cycles, "bytes": lane.bytes, "collective_s": lane.collective_s}
+        now = {"cycles": lane.cycles, "tensors": lane.tensors, "bytes": lane.bytes,
+               "collective_s": lane.collective_s}
         d = {k: now[k] - self._base[k] for k in now}
         out["lane_cycles"] = d["cycles"]
-        for key in ("cycles", "tensors", "allreduce_tensors", "collectives"):
+        out["lane_tensors"] = d["tensors"]
+        for key in ("cycles", "collectives"):
             out[key] += d["cycles"]
+        for key in ("tensors", "allreduce_tensors"):
+            out[key] += d["tensors"]
         out["allreduce_bytes"] += d["bytes"]
         out["collective_s"] += d["collective_s"]
         if reset:

@@ -29,7 +29,7 @@ from collectives.types import ReduceOp
 from ..settings import TORCH_LANE
 from . import _state
 
-__all__ = ["allreduce", "MAX_SLOTS"]
+__all__ = ["allreduce", "allreduce_async_", "MAX_SLOTS"]
 
 _DTYPES = frozenset((torch.float16, torch.float32, torch.float64))
 _OPS = (ReduceOp.SUM, ReduceOp.AVERAGE)
@@ -61,23 +61,15 @@ def _slots() -> _Slots:
     return cur
 
 
-def allreduce(tensor: torch.Tensor, name: Optional[str], op, pre: float, post: float,
-              inplace: bool, process_set) -> Optional[torch.Tensor]:
-    """`tensor` reduced through the lane: into itself (inplace) or a new tensor; None where
-    this path does not apply (nothing was done: the caller's path runs)."""
-    if (name is None or pre != 1.0 or op not in _OPS or tensor.dtype not in _DTYPES
-            or tensor.device.type != "cpu" or not tensor.is_contiguous()
-            or (tensor.dtype == torch.float16 and post != 1.0)  # scaled in float32 (mpi_ops)
-            or _state.view(process_set, "allreduce") is not None):  # the global set only
-        return None
-    n = tensor.numel()
-    if n == 0:
-        return None
-    s = _slots()
-    if s.lane is None:
-        return None
-    full = "allreduce." + name
-    key = (full, tensor.dtype, tuple(tensor.shape), op, post)
+def _applies(tensor: torch.Tensor, name: Optional[str], op, pre: float, post: float) -> bool:
+    """What the lane reduces as the engine does (the caller checks for the global set)."""
+    return not (name is None or pre != 1.0 or op not in _OPS or tensor.dtype not in _DTYPES
+                or tensor.device.type != "cpu" or not tensor.is_contiguous()
+                or (tensor.dtype == torch.float16 and post != 1.0)  # scaled in float32 (mpi_ops)
+                or tensor.numel() == 0)
+
+
+def _slot(s: _Slots, key: tuple) -> Optional[int]:
     slot = s.table.get(key)
     if slot is None:
         with _lock:  # two threads must not take one slot number for two keys
@@ -86,6 +78,25 @@ def allreduce(tensor: torch.Tensor, name: Optional[str], op, pre: float, post: f
                 if len(s.table) >= MAX_SLOTS:
                     return None
                 slot = s.table[key] = len(s.table)
+    return slot
+
+
+def allreduce(tensor: torch.Tensor, name: Optional[str], op, pre: float, post: float,
+              inplace: bool, process_set) -> Optional[torch.Tensor]:
+    """`tensor` reduced through the lane: into itself (inplace) or a new tensor; None where
+    this path does not apply (nothing was done: the caller's path runs)."""
+    if not _applies(tensor, name, op, pre, post) or \
+            _state.view(process_set, "allreduce") is not None:  # the global set only
+        return None
+    n = tensor.numel()
+    s = _slots()
+    if s.lane is None:
+        return None
+    full = "allreduce." + name
+    key = (full, tensor.dtype, tuple(tensor.shape), op, post)
+    slot = _slot(s, key)
+    if slot is None:
+        return None
     dst = tensor if inplace else torch.empty_like(tensor, memory_format=torch.contiguous_format)
     code = s.lane.run_at(slot, tensor.data_ptr(), dst.data_ptr(), n * tensor.element_size())
     if code != s.done:  # first run, a stale or switched-off slot, a handover or an error
@@ -93,3 +104,48 @@ def allreduce(tensor: torch.Tensor, name: Optional[str], op, pre: float, post: f
         with _state.refused_as_invalid_argument():  # as _state.submit refuses an argument
             s.engine.lane_op(code, slot, full, src, src if inplace else dst.numpy(), op, post)
     return dst
+
+
+class LaneHandle:
+    """An async op queued in the lane (`FusionEngine.lane_enqueue`): wait runs the lane's
+    batch cycles (or the engine's, once it took the op over)."""
+
+    __slots__ = ("engine", "ticket", "tensor")
+
+    def __init__(self, engine, ticket: int, tensor: torch.Tensor) -> None:
+        self.engine, self.ticket, self.tensor = engine, ticket, tensor
+
+    def poll(self) -> bool:
+        return self.engine.lane_poll(self.ticket)
+
+    def wait(self) -> torch.Tensor:
+        self.engine.lane_wait(self.ticket)
+        return self.tensor
+
+
+def allreduce_async_(tensor: torch.Tensor, name: Optional[str], op, pre: float, post: float):
+    """An in-place async allreduce on the global set through the lane: (LaneHandle, None)
+    once its slot is armed and the engine holds nothing else; else (None, arm) where the
+    path applies (arm(handle) arms the slot after the engine ran the op), or None."""
+    if not _applies(tensor, name, op, pre, post):
+        return None
+    s = _slots()
+    if s.lane is None:
+        return None
+    full = "allreduce." + name
+    slot = _slot(s, (full, tensor.dtype, tuple(tensor.shape), op, post))
+    if slot is None:
+        return None
+    eng = s.engine
+    ticket = eng.lane_enqueue(slot, full, tensor, tensor.data_ptr(),
+                              tensor.numel() * tensor.element_size(), op, post)
+    if ticket >= 0:
+        return LaneHandle(eng, ticket, tensor), None
+    if ticket == -2:
+        return None
+
+    def arm(handle) -> None:
+        lane = eng._lane
+        if lane is not None:
+            lane.arm(slot, handle._sig, tensor.detach().numpy(), post, eng.size)
+    return None, arm

@@ -25,7 +25,7 @@ from collectives.errors import NotSupported
 from collectives.types import ReduceOp
 
 from ..common.process_sets import ProcessSet
-from . import _state
+from . import _lane, _state
 from . import adasum as _adasum
 from ._errors import InvalidArgument
 
@@ -181,8 +181,15 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     if op is Adasum:
         return _adasum_handle([tensor], [_state.op_name("allreduce", name, ps)], True,
                               prescale_factor, postscale_factor, lambda r: r[0], ps)
+    lane = _lane.allreduce_async_(tensor, name, op, prescale_factor, postscale_factor) \
+        if ps is None else None
+    if lane is not None and lane[0] is not None:
+        return TorchHandle([lane[0]], _first)
     h, plan = _allreduce_submit(tensor, tensor, _state.op_name("allreduce", name, ps), op,
                                 prescale_factor, postscale_factor, ps)
+    if lane is not None and plan is None:  # the first run of a name: arm its lane slot after
+        arm = lane[1]
+        return TorchHandle([h], lambda results: (arm(h), results[0])[1])
     return TorchHandle([h], _reduce_finish(plan, tensor, ps))
 
 

@@ -301,9 +301,27 @@ void bind_lane(py::module_& m) {
         return l.lane->run(slot, reinterpret_cast<const void*>(src), reinterpret_cast<void*>(dst), nbytes);
       }, "slot"_a, "src"_a, "dst"_a, "nbytes"_a,
          "run() on raw addresses of nbytes each (contiguous memory the caller keeps alive).")
+      .def("enqueue", [](PyLane& l, int slot, uintptr_t src, uintptr_t dst, size_t nbytes) {
+        if (src == 0 || dst == 0) throw py::value_error("lane enqueue: a null address");
+        return l.lane->enqueue(slot, reinterpret_cast<const void*>(src), reinterpret_cast<void*>(dst), nbytes);
+      }, "slot"_a, "src"_a, "dst"_a, "nbytes"_a,
+         "Queue an armed slot's async op on raw addresses (kept alive by the caller until done); "
+         "returns its ticket, or -1 (nothing queued).")
+      .def("wait", [](PyLane& l, int64_t ticket, double budget) {
+        py::gil_scoped_release nogil;
+        return l.lane->wait(ticket, budget);
+      }, "ticket"_a, "budget"_a, "Run batch cycles until the ticket is done; returns a LaneCode.")
+      .def("done", [](PyLane& l, int64_t ticket) { return l.lane->done(ticket); }, "ticket"_a)
+      .def("armed", [](PyLane& l, int slot, size_t nbytes) { return l.lane->armed(slot, nbytes); },
+           "slot"_a, "nbytes"_a)
+      .def("take_queue", [](PyLane& l) { return l.lane->take_queue(); },
+           "The queued tickets, in order, taken off the queue (hold the lock).")
+      .def_property_readonly("queued", [](PyLane& l) { return l.lane->queued(); })
+      .def("set_threshold", [](PyLane& l, size_t bytes) { l.lane->set_threshold(bytes); }, "bytes"_a)
       .def_property_readonly("address", [](PyLane& l) { return reinterpret_cast<uintptr_t>(l.lane.get()); })
       .def_property_readonly("synced", [](PyLane& l) { return l.lane->synced_ns() * 1e-9; })
       .def_property_readonly("cycles", [](PyLane& l) { return l.lane->cycles(); })
+      .def_property_readonly("tensors", [](PyLane& l) { return l.lane->tensors(); })
       .def_property_readonly("bytes", [](PyLane& l) { return l.lane->bytes(); })
       .def_property_readonly("collective_s", [](PyLane& l) { return l.lane->collective_s(); });
   m.attr("LANE_RUN") = reinterpret_cast<uintptr_t>(&hvs_lane_run);

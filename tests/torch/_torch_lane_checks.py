@@ -1,4 +1,4 @@
-"""Checks of `horovod_spark.torch`'s blocking allreduces through the engine's lane
+"""Checks of `horovod_spark.torch`'s blocking and async allreduces through the engine's lane
 (horovod_spark/torch/_lane.py), run inside every rank of one launch.
 
 `run_all(lane_off_on)` returns {check name: "ok" or the failure text, "lane_cycles": n}.
@@ -212,11 +212,85 @@ def a_new_shape_on_one_rank_is_a_mismatch_on_every_rank(hvd):
         raise AssertionError("no MismatchError")
 
 
+def lane_tensors(hvd) -> int:
+    return int(hvd.metrics()["engine_lane_tensors"])
+
+
+def async_ops_run_in_the_lane_in_batches(hvd):
+    """A step's named allreduce_async_ ops (three dtypes, Sum, Average and a postscale,
+    sizes around a small fusion buffer), synchronized in another order than submitted:
+    every result exact, and once each name ran through the engine the lane runs them all,
+    several in one batch cycle."""
+    r, n = hvd.rank(), hvd.size()
+    specs = [(f"batch.{i}", (3 + 37 * i,), DTYPES[i % 3], (hvd.Sum, hvd.Average)[i % 2],
+              0.5 if i % 5 == 4 and DTYPES[i % 3] != torch.float16 else 1.0) for i in range(24)]
+    before_t, before_c = lane_tensors(hvd), lane_cycles(hvd)
+    for step in range(6):
+        xs = [data(r, step, shape, dtype) for _, shape, dtype, _, _ in specs]
+        hs = [hvd.allreduce_async_(x, name=name, op=op, postscale_factor=post)
+              for x, (name, _, _, op, post) in zip(xs, specs)]
+        for i in [*range(1, len(hs), 2), *range(0, len(hs), 2)]:
+            assert hvd.synchronize(hs[i]) is xs[i]
+        for x, (name, shape, dtype, op, post) in zip(xs, specs):
+            np.testing.assert_array_equal(x.numpy(), want(n, step, shape, dtype, op, post, hvd),
+                                          err_msg=f"{name} step {step}")
+    ran, cycles = lane_tensors(hvd) - before_t, lane_cycles(hvd) - before_c
+    if lane_on():
+        assert ran >= 4 * len(specs) and cycles < ran, (ran, cycles)
+    else:
+        assert ran == 0, ran
+
+
+def a_poll_loop_and_a_new_name_finish_lane_ops(hvd):
+    """Ops queued in the lane finish under a loop of poll() (nobody synchronizes: the
+    engine's thread takes them over), and beside a name new on one rank only, whose
+    announcement the lane hands to the engine."""
+    r, n = hvd.rank(), hvd.size()
+    for step in range(4):
+        x = data(r, step, (64,), torch.float32)
+        h = hvd.allreduce_async_(x, name="polled", op=hvd.Sum)
+        while not hvd.poll(h):
+            pass
+        hvd.synchronize(h)
+        np.testing.assert_array_equal(x.numpy(), want(n, step, (64,), torch.float32, hvd.Sum, 1.0, hvd))
+    for step in range(4):
+        x = data(r, step, (33,), torch.float64)
+        h = hvd.allreduce_async_(x, name="steady", op=hvd.Average)
+        extra = None
+        if step == 2:  # a new name, submitted first on rank 0, later on the others
+            y = data(r, step, (5,), torch.float32)
+            if r == 0:
+                extra = hvd.allreduce_async_(y, name="newcomer", op=hvd.Sum)
+            hvd.synchronize(h)
+            if r != 0:
+                extra = hvd.allreduce_async_(y, name="newcomer", op=hvd.Sum)
+            hvd.synchronize(extra)
+            np.testing.assert_array_equal(y.numpy(), want(n, step, (5,), torch.float32, hvd.Sum, 1.0, hvd))
+        hvd.synchronize(h)
+        np.testing.assert_array_equal(x.numpy(), want(n, step, (33,), torch.float64, hvd.Average, 1.0, hvd))
+
+
+def uneven_async_steps_end_in_a_join(hvd):
+    """Rank r runs 2 + r steps of async ops, then joins: the ranks still stepping see the
+    joins in their batch cycles, the engine takes the ops over and sums the ranks that
+    still give data."""
+    r, n = hvd.rank(), hvd.size()
+    for step in range(2 + r):
+        x = data(r, step, (40,), torch.float32)
+        hvd.synchronize(hvd.allreduce_async_(x, name="uneven", op=hvd.Sum))
+        ranks = [q for q in range(n) if 2 + q > step]
+        np.testing.assert_array_equal(
+            x.numpy(), want(n, step, (40,), torch.float32, hvd.Sum, 1.0, hvd, ranks=ranks))
+    assert hvd.join() == n - 1
+
+
 CHECKS = [named_ops_run_in_the_lane_and_match_numpy, one_name_with_new_shapes_and_dtypes_still_matches,
           horovods_metric_average_runs_in_the_lane,
           ops_outside_the_lane_still_match_and_leave_it_alone, gradients_flow_through_a_named_allreduce,
           pending_async_ops_and_the_lane_share_cycles, threads_with_their_own_names_share_the_lane,
           a_join_hands_the_lanes_cycle_to_the_engine,
+          async_ops_run_in_the_lane_in_batches, a_poll_loop_and_a_new_name_finish_lane_ops,
+          uneven_async_steps_end_in_a_join,
           a_new_shape_on_one_rank_is_a_mismatch_on_every_rank]
 
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "clock.h"
 
@@ -126,7 +127,8 @@ int Lane::run(int slot, const void* in, void* out, size_t bytes) {
   lock.acquire();
   Context* ctx = ctx_;
   Slot s;
-  if (ctx == nullptr || !enabled_.load() || !usable(slot, bytes, &s)) {
+  if (ctx == nullptr || !enabled_.load() || !usable(slot, bytes, &s) || queued() > 0) {
+    // (async ops queued: their cycle must carry them too, which the engine's does)
     lock.release();
     return kLaneFallback;
   }
@@ -154,6 +156,7 @@ int Lane::run(int slot, const void* in, void* out, size_t bytes) {
   }
   collective_ns_ += now_ns() - t0;
   cycles_ += 1;
+  tensors_ += 1;
   bytes_ += bytes;
   {
     std::lock_guard<std::mutex> g(slots_mu_);
@@ -162,6 +165,186 @@ int Lane::run(int slot, const void* in, void* out, size_t bytes) {
   }
   lock.release();
   return kLaneDone;
+}
+
+bool Lane::usable_locked(int slot, size_t bytes, Slot* out) {
+  if (slot < 0 || static_cast<size_t>(slot) >= slots_.size()) return false;
+  const Slot& s = slots_[slot];
+  if (!s.armed || (size_ > 1 && (s.bit < 0 || s.bit >= nbits_ || s.epoch != bit_epoch_[s.bit])) ||
+      s.count * itemsize(s.dtype) != bytes)
+    return false;
+  if (out) *out = s;
+  return true;
+}
+
+int64_t Lane::enqueue(int slot, const void* in, void* out, size_t bytes) {
+  if (!enabled_.load() || bytes == 0) return -1;
+  std::lock_guard<std::mutex> g(slots_mu_);
+  if (!usable_locked(slot, bytes, nullptr)) return -1;
+  for (const Entry& e : queue_)
+    if (e.slot == slot) return -1;  // one op per name at a time, as the engine's
+  queue_.push_back(Entry{next_ticket_, slot, in, out, bytes});
+  return next_ticket_++;
+}
+
+bool Lane::armed(int slot, size_t bytes) {
+  std::lock_guard<std::mutex> g(slots_mu_);
+  return usable_locked(slot, bytes, nullptr);
+}
+
+size_t Lane::queued() {
+  std::lock_guard<std::mutex> g(slots_mu_);
+  return queue_.size();
+}
+
+bool Lane::done(int64_t ticket) {
+  std::lock_guard<std::mutex> g(slots_mu_);
+  auto it = std::find(finished_.begin(), finished_.end(), ticket);
+  if (it == finished_.end()) return false;
+  finished_.erase(it);
+  return true;
+}
+
+std::vector<int64_t> Lane::take_queue() {
+  std::lock_guard<std::mutex> g(slots_mu_);
+  std::vector<int64_t> out;
+  for (const Entry& e : queue_) out.push_back(e.ticket);
+  queue_.clear();
+  return out;
+}
+
+int Lane::batch_cycle(bool* progress) {
+  Context* ctx = ctx_;
+  struct Armed {
+    Entry e;
+    Slot s;
+  };
+  std::vector<Armed> mine;  // the queue as this cycle contributes it
+  {
+    std::lock_guard<std::mutex> g(slots_mu_);
+    for (const Entry& e : queue_) {
+      Slot s;
+      if (!usable_locked(e.slot, e.bytes, &s)) return kLaneFallback;
+      mine.push_back(Armed{e, s});
+    }
+  }
+  const size_t base = 1 + 3 * static_cast<size_t>(size_);
+  std::vector<Armed*> ready;
+  if (size_ > 1) {
+    const size_t n = base + static_cast<size_t>(nbits_);
+    vec_.assign(n, 0);
+    for (const Armed& a : mine) vec_[base + a.s.bit] = kData;
+    Status st = ctx->fail(ctx->allreduce(vec_.data(), vec_.data(), n, DType::kInt32, ReduceOp::kSum,
+                                         /*control=*/true));
+    if (!st.ok()) return fail(std::move(st));
+    synced_ns_.store(now_ns());
+    for (size_t i = 0; i < base; ++i)
+      if (vec_[i] != 0) return kLaneHandover;  // a stall report, a join, a shutdown, a negotiation
+    for (size_t i = base; i < n; ++i)  // nothing but whole ranks' DATA (no JOINED)
+      if (vec_[i] % kData != 0 || vec_[i] / kData > size_) return kLaneHandover;
+    for (Armed& a : mine)
+      if (vec_[base + a.s.bit] == kData * size_) ready.push_back(&a);
+  } else {
+    synced_ns_.store(now_ns());
+    for (Armed& a : mine) ready.push_back(&a);
+  }
+  std::sort(ready.begin(), ready.end(), [](const Armed* x, const Armed* y) { return x->s.bit < y->s.bit; });
+  // The executor's groups: per dtype in order of first appearance, cut at the threshold.
+  std::vector<DType> order;
+  for (const Armed* a : ready)
+    if (std::find(order.begin(), order.end(), a->s.dtype) == order.end()) order.push_back(a->s.dtype);
+  const uint64_t t0 = now_ns();
+  for (DType dt : order) {
+    const size_t elem = itemsize(dt);
+    std::vector<std::vector<Armed*>> groups;
+    size_t group_bytes = 0;
+    for (Armed* a : ready) {
+      if (a->s.dtype != dt) continue;
+      const size_t nbytes = a->s.count * elem;
+      if (groups.empty() || group_bytes + nbytes > threshold_) groups.emplace_back(), group_bytes = 0;
+      groups.back().push_back(a);
+      group_bytes += nbytes;
+    }
+    for (auto& group : groups) {
+      if (group.size() == 1) {
+        Armed* a = group[0];
+        Status st = ctx->fail(ctx->allreduce(a->e.in, a->e.out, a->s.count, dt, ReduceOp::kSum));
+        if (!st.ok()) return fail(std::move(st));
+        if (a->s.postscale != 1.0) {
+          if (dt == DType::kFloat32) scale<float>(a->e.out, a->s.count, a->s.postscale);
+          else if (dt == DType::kFloat64) scale<double>(a->e.out, a->s.count, a->s.postscale);
+          else if (dt == DType::kFloat16) scale<_Float16, float>(a->e.out, a->s.count, a->s.postscale);
+        }
+        continue;
+      }
+      size_t total = 0;
+      for (Armed* a : group) total += a->s.count;
+      if (fused_.size() < total * elem) fused_.resize(total * elem);
+      size_t off = 0;
+      for (Armed* a : group) {
+        std::memcpy(fused_.data() + off, a->e.in, a->e.bytes);
+        off += a->e.bytes;
+      }
+      Status st = ctx->fail(ctx->allreduce(fused_.data(), fused_.data(), total, dt, ReduceOp::kSum));
+      if (!st.ok()) return fail(std::move(st));
+      off = 0;
+      for (Armed* a : group) {
+        std::memcpy(a->e.out, fused_.data() + off, a->e.bytes);
+        off += a->e.bytes;
+        if (a->s.postscale != 1.0) {
+          if (dt == DType::kFloat32) scale<float>(a->e.out, a->s.count, a->s.postscale);
+          else if (dt == DType::kFloat64) scale<double>(a->e.out, a->s.count, a->s.postscale);
+          else if (dt == DType::kFloat16) scale<_Float16, float>(a->e.out, a->s.count, a->s.postscale);
+        }
+      }
+    }
+  }
+  collective_ns_ += now_ns() - t0;
+  if (!ready.empty()) {
+    std::lock_guard<std::mutex> g(slots_mu_);
+    for (Armed* a : ready) {  // in the executor's order: the cache's LRU order as Python's cycle
+      slots_[a->e.slot].last_use = ++uses_;
+      used_.push_back(a->e.slot);
+      finished_.push_back(a->e.ticket);
+      bytes_ += a->e.bytes;
+      queue_.erase(std::find_if(queue_.begin(), queue_.end(),
+                                [a](const Entry& e) { return e.ticket == a->e.ticket; }));
+    }
+    cycles_ += 1;
+    tensors_ += ready.size();
+    *progress = true;
+  }
+  return kLaneDone;
+}
+
+int Lane::wait(int64_t ticket, double budget_s) {
+  const uint64_t budget_ns = static_cast<uint64_t>(std::max(0.0, budget_s) * 1e9);
+  uint64_t since = now_ns();
+  for (;;) {
+    if (done(ticket)) return kLaneDone;
+    lock.acquire();
+    if (done(ticket)) {  // another waiter's cycle ran it
+      lock.release();
+      return kLaneDone;
+    }
+    bool queued_here = false;
+    {
+      std::lock_guard<std::mutex> g(slots_mu_);
+      for (const Entry& e : queue_) queued_here = queued_here || e.ticket == ticket;
+    }
+    if (!queued_here || ctx_ == nullptr || !enabled_.load()) {  // taken by the engine, or off
+      lock.release();
+      return kLaneFallback;
+    }
+    bool progress = false;
+    const int code = batch_cycle(&progress);
+    if (code == kLaneHandover) return code;  // lock held
+    if (code == kLaneError) return code;     // fail() released it
+    lock.release();
+    if (code == kLaneFallback) return code;
+    if (progress) since = now_ns();
+    else if (now_ns() - since > budget_ns) return kLaneFallback;
+  }
 }
 
 }  // namespace hvs

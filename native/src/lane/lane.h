@@ -78,12 +78,31 @@ class Lane {
   uint64_t synced_ns() const { return synced_ns_.load(); }
   const Status& error() const { return error_; }
   uint64_t cycles() const { return cycles_.load(); }
+  uint64_t tensors() const { return tensors_.load(); }
   uint64_t bytes() const { return bytes_.load(); }
   double collective_s() const { return collective_ns_.load() * 1e-9; }
 
   // One op: kLaneDone, kLaneFallback (nothing done, lock free), kLaneHandover
   // (lock held, coordination done) or kLaneError (error(), lock free).
   int run(int slot, const void* in, void* out, size_t bytes);
+
+  // Async ops (torch's allreduce_async_): enqueue() queues an armed slot's op and returns
+  // its ticket (-1: the slot is not armed, is queued already, or the lane is off: nothing
+  // queued).  wait() runs batch cycles until the ticket is done: every queued op
+  // contributes DATA at its bit; when the sum holds nothing but DATA counts, the ops every
+  // rank is ready for run as the engine's executor runs them (in bit order, one fusion
+  // buffer per run of up to `threshold` bytes, the same Context calls), the others stay
+  // queued.  Returns kLaneDone, kLaneHandover (lock held: the queue is the engine's to take),
+  // kLaneError, or kLaneFallback (lock free: the lane is off, a queued slot went stale, or
+  // `budget_s` passed without this ticket done; the engine takes the queue).
+  int64_t enqueue(int slot, const void* in, void* out, size_t bytes);
+  int wait(int64_t ticket, double budget_s);
+  bool done(int64_t ticket);
+  bool armed(int slot, size_t bytes);  // enqueue() would take it (were the engine idle)
+  // The queued tickets, in order, removed from the queue (the caller holds `lock`).
+  std::vector<int64_t> take_queue();
+  size_t queued();
+  void set_threshold(size_t bytes) { threshold_ = bytes; }
 
  private:
   struct Slot {
@@ -95,8 +114,19 @@ class Lane {
     uint64_t epoch = 0;  // bit_epoch_[bit] when armed
     uint64_t last_use = 0;
   };
+  struct Entry {
+    int64_t ticket;
+    int slot;
+    const void* in;
+    void* out;
+    size_t bytes;
+  };
   bool usable(int slot, size_t bytes, Slot* out);
+  bool usable_locked(int slot, size_t bytes, Slot* out);
   int fail(Status st);
+  // One batch cycle (lock held): *progress when some op finished; kLaneDone (cycle ran),
+  // kLaneHandover, kLaneError or kLaneFallback (a queued slot went stale).
+  int batch_cycle(bool* progress);
 
   Context* ctx_;  // guarded by lock; null once closed
   const int rank_, size_;
@@ -108,7 +138,12 @@ class Lane {
   std::vector<uint64_t> bit_epoch_;  // per cache bit: how many times it was freed or reassigned
   uint64_t uses_ = 0;
   std::vector<int32_t> vec_;
-  std::atomic<uint64_t> synced_ns_{0}, cycles_{0}, bytes_{0}, collective_ns_{0};
+  std::vector<Entry> queue_;          // guarded by slots_mu_
+  std::vector<int64_t> finished_;     // tickets done and not yet seen by wait() or done()
+  int64_t next_ticket_ = 0;
+  size_t threshold_ = 64 << 20;
+  std::vector<char> fused_;
+  std::atomic<uint64_t> synced_ns_{0}, cycles_{0}, tensors_{0}, bytes_{0}, collective_ns_{0};
   Status error_;
 };
 
