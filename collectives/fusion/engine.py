@@ -332,18 +332,23 @@ class FusionEngine:
                                          tensor=f"'{name}'"))
                 self._stop(type(exc), f"the fusion engine stopped after a failure: "
                            f"{type(exc).__name__}: {err}", exc)
+                self._lane_take_over(handed_over=False)  # the others queued fail with it
+                self._lane_flushed.pop(ticket, None)
                 self._lane_ops.pop(ticket, None)
                 raise err from exc
         if code != known["done"] and not lane.native.done(ticket):
             if ticket not in self._lane_flushed:
                 self._lane_take_over(handed_over=False)
             handle = self._lane_flushed.pop(ticket, None)
+            name = self._lane_ops.pop(ticket, ("?",))[0]
             if handle is not None:
-                self._lane_ops.pop(ticket, None)
                 handle.wait()
                 return
-            if not lane.native.done(ticket):  # (a cycle ran it meanwhile, or it failed)
-                self._raise_if_stopped("allreduce", f"'{self._lane_ops.get(ticket, ('?',))[0]}'")
+            if not lane.native.done(ticket):  # (unless a cycle ran it meanwhile)
+                self._raise_if_stopped("allreduce", f"'{name}'")
+                raise CollectiveError(describe(
+                    "internal error: the op left the lane's queue without a result",
+                    rank=self.rank, size=self.size, op="allreduce", tensor=f"'{name}'"))
         self._lane_ops.pop(ticket, None)
 
     def lane_poll(self, ticket: int) -> bool:
@@ -380,13 +385,22 @@ class FusionEngine:
         try:
             reqs = []
             for ticket in self._lane.native.take_queue():
-                name, tensor, op, post = self._lane_ops[ticket]
-                req = make_request(name, "allreduce", tensor, tensor, op, 1.0, post, 0, None, None,
-                                   self.rank, self.size, self._sched.on_wait)
+                name, tensor, op, post = self._lane_ops.get(ticket, (None,) * 4)
+                try:
+                    if name is None:
+                        raise CollectiveError(f"internal error: lane ticket {ticket} has no op")
+                    req = make_request(name, "allreduce", tensor, tensor, op, 1.0, post, 0, None,
+                                       None, self.rank, self.size, self._sched.on_wait)
+                except Exception as exc:  # (the tensor changed since): its wait raises why
+                    failed = Handle(name or "?", "allreduce", self.rank, self.size)
+                    failed._finish(None, exc)
+                    self._lane_flushed[ticket] = failed
+                    continue
                 self._lane_flushed[ticket] = req.handle
                 reqs.append(req)
             with self._lock:
-                for req in reqs:
+                stopped = self._stopped
+                for req in reqs if stopped is None else ():
                     self._live[req.name] = req
                     if handed_over:
                         self._pending[req.name] = req
@@ -395,7 +409,12 @@ class FusionEngine:
         finally:
             if not handed_over:
                 lock.release()
-        if reqs and not handed_over:
+        if stopped is not None:  # no cycle will run them: they fail with the engine's cause
+            cls, text, cause = stopped
+            for req in reqs:
+                req.handle._finish(None, cls(describe(text, rank=self.rank, size=self.size,
+                                                      op="allreduce", tensor=req.sig.tensor())))
+        elif reqs and not handed_over:
             self._sched.notify()
 
     def _lane_batch_handover(self) -> None:

@@ -308,22 +308,30 @@ def run_all(lane_off_on=()) -> dict:
     return results
 
 
-def a_lost_peer_fails_the_blocking_op(workdir: str) -> None:
+def a_lost_peer_fails_the_blocking_op(workdir: str, queued: bool = False) -> None:
     """Rank 1 exits while rank 0 waits in the lane, under default settings: rank 0's op
-    raises the cause naming rank 1, and later ops raise at once."""
+    raises the cause naming rank 1, and later ops raise at once.  queued: the ops are
+    allreduce_async_ (rank 0 waits in the lane's batch cycle; a second queued op fails too)."""
     import json
     import time
 
     import horovod_spark.torch as hvd
     hvd.init()
     r = hvd.rank()
+
+    def op(t, name):
+        if queued:
+            return hvd.synchronize(hvd.allreduce_async_(t, name=name, op=hvd.Sum))
+        return hvd.allreduce_(t, name=name, op=hvd.Sum)
     for step in range(3):
-        hvd.allreduce_(torch.ones(100), name="lost", op=hvd.Sum)
+        op(torch.ones(100), "lost")
+        op(torch.ones(10), "lost.second")
     if r == 1:
         os._exit(0)
     t0 = time.perf_counter()
+    second = hvd.allreduce_async_(torch.ones(10), name="lost.second", op=hvd.Sum) if queued else None
     try:
-        hvd.allreduce_(torch.ones(100), name="lost", op=hvd.Sum)
+        op(torch.ones(100), "lost")
         first = "no error"
     except Exception as exc:
         first = f"{type(exc).__name__}: {exc}"
@@ -333,6 +341,12 @@ def a_lost_peer_fails_the_blocking_op(workdir: str) -> None:
         later = "no error"
     except Exception as exc:
         later = f"{type(exc).__name__}: {exc}"
+    if second is not None:
+        try:
+            hvd.synchronize(second)
+            later += " | second: no error"
+        except Exception as exc:
+            later += f" | second: {type(exc).__name__}"
     with open(os.path.join(workdir, "lost.json"), "w") as f:
         json.dump({"first": first, "later": later, "took": took}, f)
     hvd.shutdown()

@@ -36,13 +36,16 @@ def test_the_lane_ran_only_where_it_is_on(results):
             assert res["lane_cycles"] > 50, (r, res["lane_cycles"])
 
 
-def test_a_lost_peer_fails_the_blocking_op_fast(tmp_path):
+@pytest.mark.parametrize("queued", [False, True], ids=["blocking", "async"])
+def test_a_lost_peer_fails_the_blocking_op_fast(tmp_path, queued):
     with pytest.raises(RankFailed) as info:
-        run_local(checks.a_lost_peer_fails_the_blocking_op, 2, args=(str(tmp_path),), env=ENV,
-                  timeout=120)
+        run_local(checks.a_lost_peer_fails_the_blocking_op, 2, args=(str(tmp_path), queued),
+                  env=ENV, timeout=120)
     assert info.value.rank == 1
     got = json.loads((tmp_path / "lost.json").read_text())
     # rank 0, waiting in the lane, names the rank that went (about 20 ms here, not a timeout)
     assert got["first"].startswith("PeerLostError") and "peer rank 1" in got["first"], got
     assert "'allreduce.lost'" in got["first"] and "on rank 0/2" in got["first"], got
     assert got["later"].startswith("PeerLostError") and "engine stopped" in got["later"], got
+    if queued:  # the op queued beside the one that failed fails with the same cause
+        assert got["later"].endswith("second: PeerLostError"), got
