@@ -49,6 +49,8 @@ __all__ = ["FusionEngine", "IDLE_S"]
 log = logging.getLogger("collectives.fusion")
 
 _INT32, _SUM = DType.INT32, ReduceOp.SUM
+
+
 class _Finished:
     """A lane op found done by a poll: what a later wait finds in its place."""
 
@@ -106,6 +108,7 @@ class FusionEngine:
         self._lane: Optional[Lane] = Lane.make(comm, self._cache) if lane else None
         if self._lane is not None:
             self._lane.native.set_threshold(int(self._config.fusion_threshold))
+        self._lane_done = lane_codes()["done"] if self._lane is not None else None
         self._cuda = False  # True once a CUDA tensor is submitted (its cycles look for them)
         self._stall = StallWatch(comm, self._config, self.rank, self.size)
         self._lane_update()
@@ -319,8 +322,11 @@ class FusionEngine:
         over (a handover, a stale slot, the lane switched off, `budget` seconds without
         the op done).  Raises as `Handle.wait` does."""
         lane = self._lane
-        known = lane_codes()
         code = lane.native.wait(ticket, budget)
+        if code == self._lane_done:  # the steady state: nothing else to look up
+            self._lane_ops.pop(ticket, None)
+            return
+        known = lane_codes()
         if code == known["handover"]:
             self._lane_batch_handover()
         elif code == known["error"]:

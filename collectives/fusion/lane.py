@@ -11,6 +11,7 @@ in docs/architecture.md (The lane).
 """
 from __future__ import annotations
 
+import functools
 from typing import Dict, Optional
 
 import numpy as np
@@ -29,9 +30,14 @@ def _native():
     return native
 
 
+@functools.lru_cache(maxsize=None)
+def _codes() -> tuple:
+    return tuple(_native().LANE_CODES.items())
+
+
 def codes() -> Dict[str, int]:
-    """What `run` returns: done, fallback, handover, error."""
-    return dict(_native().LANE_CODES)
+    """What `run` and `wait` return: done, fallback, handover, error."""
+    return dict(_codes())
 
 
 def run_address() -> int:
