@@ -285,11 +285,7 @@ class FusionEngine:
                 self._raise_if_stopped("allreduce", req.sig.tensor())
                 self._live[name] = req
             self._pending[name] = req
-            self._cycle_no += 1
-            self._metrics["lane_handovers"] += 1
-            self._lane.sync()  # the bits the lane ran before this cycle count as used first,
-            vec = self._lane.result()  # as a Python cycle would have marked them
-            self._guarded_cycle(body=lambda: self._cycle_rest(vec, b"", t0))
+            self._finish_handed_cycle(t0)
         req.handle.lazy = True
         req.handle.wait()
 
@@ -434,11 +430,16 @@ class FusionEngine:
                 self._stop(CollectiveError, f"the fusion engine stopped after a failure: "
                            f"{type(exc).__name__}: {exc}", exc)
                 raise
-            self._cycle_no += 1
-            self._metrics["lane_handovers"] += 1
-            self._lane.sync()
-            vec = self._lane.result()
-            self._guarded_cycle(body=lambda: self._cycle_rest(vec, b"", t0))
+            self._finish_handed_cycle(t0)
+
+    def _finish_handed_cycle(self, t0: float) -> None:
+        """The rest of the cycle the lane coordinated and handed over (its pending requests
+        entered): from the lane's summed vector on, as a Python cycle goes on."""
+        self._cycle_no += 1
+        self._metrics["lane_handovers"] += 1
+        self._lane.sync()  # the bits the lane ran before this cycle count as used first,
+        vec = self._lane.result()  # as a Python cycle would have marked them
+        self._guarded_cycle(body=lambda: self._cycle_rest(vec, b"", t0))
 
     def _lane_update(self) -> None:
         """The lane runs only while the engine would contribute its plain vector."""
@@ -474,11 +475,12 @@ class FusionEngine:
     def _submit_join(self) -> Handle:
         handle = Handle("join", "join", self.rank, self.size, None, self._sched.on_wait)
         self._lock_without_lane_queue()
-        self._lock.release()
-        with self._lock:
+        try:
             self._raise_if_stopped("join", "join")
             self._queue.append(handle)
             self._live_joins.append(handle)
+        finally:
+            self._lock.release()
         self._sched.notify()
         return handle
 

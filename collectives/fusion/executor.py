@@ -175,14 +175,29 @@ class Executor:
             return
         if len(group) == 1 and sig0.dtype != _BF16:
             return self._allreduce_single(sig0, group[0][1], op)
+        name = f"fusion.{sig0.name}+{len(group) - 1}"
+        self._fused(group, lambda fused, dtype, counts: self._comm.allreduce_flat(
+            fused, fused, dtype, op, name=name))
+
+    def _adasum_group(self, group: List[Response]) -> None:
+        """Adasum of a fusion group: packed as a sum's (prescaled, bfloat16 widened), combined
+        in place with each tensor as its own segment (`Communicator.adasum_flat`), unpacked."""
+        sig0 = group[0][0]
+        name = sig0.name if len(group) == 1 else f"fusion.{sig0.name}+{len(group) - 1}"
+        self._fused(group, lambda fused, dtype, counts: self._comm.adasum_flat(
+            fused, dtype, counts, name=name))
+
+    def _fused(self, group: List[Response], collective) -> None:
+        """Pack the group into the fusion buffer, run collective(fused, dtype, counts) on it in
+        place, unpack every member's part (postscale, bfloat16 narrowed) and account for it."""
+        sig0 = group[0][0]
         t0 = time.perf_counter()
         counts = [math.prod(sig.shape) for sig, _ in group]
         total = sum(counts)
         fused = self._fusion_buffer(_STORAGE[sig0.dtype], total)
         offsets = self._pack_group(fused, group, counts)
         t1 = time.perf_counter()
-        self._comm.allreduce_flat(fused, fused, _FUSED_DTYPE[sig0.dtype], op,
-                                  name=f"fusion.{sig0.name}+{len(group) - 1}")
+        collective(fused, _FUSED_DTYPE[sig0.dtype], counts)
         t2 = time.perf_counter()
         plain = sig0.dtype != _BF16
         for (sig, req), off, n in zip(group, offsets, counts):
@@ -192,26 +207,6 @@ class Executor:
                 np.copyto(req.out.flat, fused[off:off + n])
                 self._done(req, req.out.source, None)
             else:
-                self._unpack(fused[off:off + n], req, sig, n)
-        t3 = time.perf_counter()
-        self._account(group, total * fused.itemsize, (t0, t1, t2, t3))
-
-    def _adasum_group(self, group: List[Response]) -> None:
-        """Adasum of a fusion group: packed as a sum's (prescaled, bfloat16 widened), combined
-        in place with each tensor as its own segment (`Communicator.adasum_flat`), unpacked."""
-        sig0 = group[0][0]
-        t0 = time.perf_counter()
-        counts = [math.prod(sig.shape) for sig, _ in group]
-        total = sum(counts)
-        fused = self._fusion_buffer(_STORAGE[sig0.dtype], total)
-        offsets = self._pack_group(fused, group, counts)
-        t1 = time.perf_counter()
-        self._comm.adasum_flat(fused, _FUSED_DTYPE[sig0.dtype], counts,
-                               name=sig0.name if len(group) == 1 else
-                               f"fusion.{sig0.name}+{len(group) - 1}")
-        t2 = time.perf_counter()
-        for (sig, req), off, n in zip(group, offsets, counts):
-            if req is not None:
                 self._unpack(fused[off:off + n], req, sig, n)
         t3 = time.perf_counter()
         self._account(group, total * fused.itemsize, (t0, t1, t2, t3))

@@ -26,6 +26,19 @@ HVS_INLINE D4 load4(const T* p) {
   return __builtin_convertvector(*reinterpret_cast<const T4*>(p), D4);
 }
 
+// The elements from i on (fewer than kLanes) into lanes 0.., then the lanes' sums in order.
+template <typename T>
+HVS_INLINE void finish_dots(const T* a, const T* b, size_t i, size_t n, double* sab, double* saa,
+                            double* sbb, AdasumDots* out) {
+  for (int l = 0; i < n; ++i, ++l) {
+    const double x = static_cast<double>(a[i]), y = static_cast<double>(b[i]);
+    sab[l] += x * y;
+    saa[l] += x * x;
+    sbb[l] += y * y;
+  }
+  for (int l = 0; l < kLanes; ++l) out->ab += sab[l], out->aa += saa[l], out->bb += sbb[l];
+}
+
 template <typename T>
 HVS_INLINE void dots(const T* __restrict a, const T* __restrict b, size_t n, AdasumDots* out) {
   D4 ab[4], aa[4], bb[4];
@@ -40,13 +53,7 @@ HVS_INLINE void dots(const T* __restrict a, const T* __restrict b, size_t n, Ada
     }
   double sab[kLanes], saa[kLanes], sbb[kLanes];
   for (int l = 0; l < kLanes; ++l) sab[l] = ab[l / 4][l % 4], saa[l] = aa[l / 4][l % 4], sbb[l] = bb[l / 4][l % 4];
-  for (int l = 0; i < n; ++i, ++l) {
-    const double x = static_cast<double>(a[i]), y = static_cast<double>(b[i]);
-    sab[l] += x * y;
-    saa[l] += x * x;
-    sbb[l] += y * y;
-  }
-  for (int l = 0; l < kLanes; ++l) out->ab += sab[l], out->aa += saa[l], out->bb += sbb[l];
+  finish_dots(a, b, i, n, sab, saa, sbb, out);
 }
 
 template <typename T>
@@ -88,13 +95,7 @@ __attribute__((target("avx2,fma"))) void dots_f32_avx2(const float* a, const flo
     _mm256_storeu_pd(saa + 4 * v, aa[v]);
     _mm256_storeu_pd(sbb + 4 * v, bb[v]);
   }
-  for (int l = 0; i < n; ++i, ++l) {
-    const double x = static_cast<double>(a[i]), y = static_cast<double>(b[i]);
-    sab[l] += x * y;
-    saa[l] += x * x;
-    sbb[l] += y * y;
-  }
-  for (int l = 0; l < kLanes; ++l) out->ab += sab[l], out->aa += saa[l], out->bb += sbb[l];
+  finish_dots(a, b, i, n, sab, saa, sbb, out);
 }
 
 const bool kAvx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");

@@ -23,6 +23,14 @@ void scale(void* buf, size_t count, double factor) {
   for (size_t i = 0; i < count; ++i) p[i] = static_cast<T>(static_cast<Compute>(p[i]) * f);
 }
 
+// The engine's postscale of a result, in the dtypes arm() accepts one for.
+void postscale(DType dt, void* out, size_t count, double factor) {
+  if (factor == 1.0) return;
+  if (dt == DType::kFloat32) scale<float>(out, count, factor);
+  else if (dt == DType::kFloat64) scale<double>(out, count, factor);
+  else if (dt == DType::kFloat16) scale<_Float16, float>(out, count, factor);
+}
+
 }  // namespace
 
 bool CycleLock::try_acquire() {
@@ -107,13 +115,7 @@ std::vector<std::pair<uint64_t, int>> Lane::take_uses() {
 
 bool Lane::usable(int slot, size_t bytes, Slot* out) {
   std::lock_guard<std::mutex> g(slots_mu_);
-  if (slot < 0 || static_cast<size_t>(slot) >= slots_.size()) return false;
-  const Slot& s = slots_[slot];
-  if (!s.armed || (size_ > 1 && (s.bit < 0 || s.bit >= nbits_ || s.epoch != bit_epoch_[s.bit])) ||
-      s.count * itemsize(s.dtype) != bytes)
-    return false;
-  *out = s;
-  return true;
+  return usable_locked(slot, bytes, out);
 }
 
 int Lane::fail(Status st) {
@@ -149,11 +151,7 @@ int Lane::run(int slot, const void* in, void* out, size_t bytes) {
   const uint64_t t0 = now_ns();
   Status st = ctx->fail(ctx->allreduce(in, out, s.count, s.dtype, ReduceOp::kSum));
   if (!st.ok()) return fail(std::move(st));
-  if (s.postscale != 1.0) {
-    if (s.dtype == DType::kFloat32) scale<float>(out, s.count, s.postscale);
-    else if (s.dtype == DType::kFloat64) scale<double>(out, s.count, s.postscale);
-    else if (s.dtype == DType::kFloat16) scale<_Float16, float>(out, s.count, s.postscale);
-  }
+  postscale(s.dtype, out, s.count, s.postscale);
   collective_ns_ += now_ns() - t0;
   cycles_ += 1;
   tensors_ += 1;
@@ -270,11 +268,7 @@ int Lane::batch_cycle(bool* progress) {
         Armed* a = group[0];
         Status st = ctx->fail(ctx->allreduce(a->e.in, a->e.out, a->s.count, dt, ReduceOp::kSum));
         if (!st.ok()) return fail(std::move(st));
-        if (a->s.postscale != 1.0) {
-          if (dt == DType::kFloat32) scale<float>(a->e.out, a->s.count, a->s.postscale);
-          else if (dt == DType::kFloat64) scale<double>(a->e.out, a->s.count, a->s.postscale);
-          else if (dt == DType::kFloat16) scale<_Float16, float>(a->e.out, a->s.count, a->s.postscale);
-        }
+        postscale(dt, a->e.out, a->s.count, a->s.postscale);
         continue;
       }
       size_t total = 0;
@@ -291,11 +285,7 @@ int Lane::batch_cycle(bool* progress) {
       for (Armed* a : group) {
         std::memcpy(a->e.out, fused_.data() + off, a->e.bytes);
         off += a->e.bytes;
-        if (a->s.postscale != 1.0) {
-          if (dt == DType::kFloat32) scale<float>(a->e.out, a->s.count, a->s.postscale);
-          else if (dt == DType::kFloat64) scale<double>(a->e.out, a->s.count, a->s.postscale);
-          else if (dt == DType::kFloat16) scale<_Float16, float>(a->e.out, a->s.count, a->s.postscale);
-        }
+        postscale(dt, a->e.out, a->s.count, a->s.postscale);
       }
     }
   }
