@@ -1,7 +1,8 @@
 """One rank of benchmarks/cluster.py, run inside a host of the emulated cluster.
 
-argv: impl (ours | gloo | mpi), sizes in bytes (comma-separated), warmup, reps,
-output directory.  Each rank times an in-place float32 allreduce of every size
+argv: impl (ours | ours-serial | gloo | mpi), sizes in bytes (comma-separated), warmup,
+reps, output directory.  ours-serial is ours with the hierarchical allreduce's phases
+one after another (hier_chunk 0), for the pipeline's gain in the same run.  Each rank times an in-place float32 allreduce of every size
 (each repetition starts after a barrier) and writes its times as JSON.
 """
 import json
@@ -10,9 +11,12 @@ import sys
 import time
 
 
-def _ours():
+def _ours(serial: bool = False):
     import collectives
+    from collectives.backends import native
 
+    if serial:
+        native.TUNING["hier_chunk"] = 0
     comm = collectives.init()
     return comm.rank, lambda x: comm.allreduce(x, out=x), comm.barrier, comm.close
 
@@ -42,7 +46,8 @@ def _mpi():
 def main(impl: str, sizes: str, warmup: int, reps: int, out: str) -> None:
     import numpy as np
 
-    rank, reduce, barrier, close = {"ours": _ours, "gloo": _gloo, "mpi": _mpi}[impl]()
+    rank, reduce, barrier, close = {"ours": _ours, "ours-serial": lambda: _ours(serial=True),
+                                    "gloo": _gloo, "mpi": _mpi}[impl]()
     times = {}
     for nbytes in (int(s) for s in sizes.split(",")):
         x = np.ones(nbytes // 4, np.float32)

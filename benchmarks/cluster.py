@@ -1,7 +1,8 @@
 """Allreduce across the hosts of the emulated cluster, links shaped by tc.
 
     python benchmarks/cluster.py [--hosts 2,3,4] [--per-host 1,2] [--sizes-mib 1,4,16,64,256]
-                                 [--rate 300mbit] [--delay 0.2ms] [--reps 3] [--impls ours,gloo,mpi]
+                                 [--rate 300mbit] [--delay 0.2ms] [--reps 3]
+                                 [--impls ours,ours-serial,gloo,mpi]
 
 Hosts are network namespaces (tests/cluster/_hosts.py; needs root), each link
 shaped with netem at --rate and --delay on both of its ends (a host's uplink
@@ -11,9 +12,12 @@ allreduce with this project's native backend (shared memory within a host,
 TCP between hosts), torch.distributed's Gloo, and MPICH through mpi4py
 (mpiexec in the head host, its proxies started in each host through nsenter
 instead of ssh; UCX limited to TCP, since its shared-memory transports would
-cross the namespaces of one kernel).  Prints nccl-tests-style tables with busbw as a fraction of
-the link rate (busbw can reach the link rate: each host's link carries
-2(n-1)/n of the data each way) and writes JSON under benchmarks/results/.
+cross the namespaces of one kernel).  Prints nccl-tests-style tables and, per implementation, the
+fraction of the link it used: the bytes each host's link carries each way (2(n-1)/n
+of the buffer for a ring of all n ranks; 2(h-1)/h for ours, whose h host leaders
+alone cross hosts) at the link rate, over the measured time; writes JSON under
+benchmarks/results/.  ours-serial is ours without the pipelined hierarchical
+allreduce (hier_chunk 0).
 The default rate, 300 Mbit/s, is one that a 2-core machine can saturate with
 8 ranks, so the tables measure the algorithms rather than the CPU.
 """
@@ -65,11 +69,12 @@ def _wait(procs, limit: float, what: str) -> None:
         raise RuntimeError(f"{what}: ranks exited {bad}")
 
 
-def run_ours(head, hosts, per_host, args, out, logs):
+def run_ours(head, hosts, per_host, args, out, logs, impl="ours"):
     """The ranks meet at a store served in the first host (the launcher's part)."""
     secret = secrets.token_bytes(32)
     store_box = hosts[0].box
-    port = 29400 + 10 * len(hosts) + per_host  # one per run: no wait for a port in TIME_WAIT
+    # one per run: no wait for a port in TIME_WAIT
+    port = 29400 + 10 * len(hosts) + per_host + 100 * (impl != "ours")
     server = store_box.spawn([sys.executable, "-c", (
         "import sys,time; from collectives.rendezvous.store import TCPStore; "
         f"s=TCPStore.serve(bind='{hosts[0].address}', port={port}, "
@@ -85,9 +90,9 @@ def run_ours(head, hosts, per_host, args, out, logs):
                        HVS_BIND_ADDR=box.host.address,
                        HVS_STORE_ADDR=f"{hosts[0].address}:{port}", HVS_SECRET=secret.hex(),
                        HVS_JOB=job, HOROVOD_SPARK_TIMEOUT="120")
-            procs.append(box.spawn([sys.executable, RANK, "ours", args.sizes, "1",
-                                    str(args.reps), out], env, f"{logs}/ours-{rank}.log"))
-        _wait(procs, args.limit, "ours")
+            procs.append(box.spawn([sys.executable, RANK, impl, args.sizes, "1",
+                                    str(args.reps), out], env, f"{logs}/{impl}-{rank}.log"))
+        _wait(procs, args.limit, impl)
     finally:
         server.kill()
         server.wait()
@@ -137,7 +142,15 @@ def _tail(logs: str, impl: str) -> str:
     return "\n".join(out)
 
 
-RUNNERS = {"ours": run_ours, "gloo": run_gloo, "mpi": run_mpi}
+RUNNERS = {"ours": run_ours, "gloo": run_gloo, "mpi": run_mpi,
+           "ours-serial": lambda *a: run_ours(*a, impl="ours-serial")}
+
+
+def link_share(impl: str, hosts: int, size: int) -> float:
+    """The part of the buffer each host's link carries each way: ours, 2(h-1)/h (only the
+    h leaders' ring crosses hosts); a ring of all n ranks (Gloo), 2(n-1)/n."""
+    n = hosts if impl.startswith("ours") else size
+    return 2 * (n - 1) / n
 
 
 def collect(out: str, impl: str, size: int, sizes) -> dict:
@@ -175,15 +188,17 @@ def sweep(netns, head, args, rate_gbps: float) -> list:
                     shutil.rmtree(out, ignore_errors=True)
             complete(rows, "allreduce", nh * per_host)
             for row in rows:
-                for res in row["results"].values():
-                    if res.get("busbw"):
-                        res["busbw_of_link"] = res["busbw"] * 8 / rate_gbps
+                for impl, res in row["results"].items():
+                    if res.get("time_us"):  # bytes on each host's link over the link's rate
+                        share = link_share(impl, nh, nh * per_host)
+                        res["of_link"] = row["size"] * share * 8e-3 / res["time_us"] / rate_gbps
             title = (f"allreduce, {nh} hosts x {per_host} ranks, links {args.shaping}; "
-                     f"busbw/link: " + ", ".join(
-                         f"{impl} " + " ".join(f"{r['results'].get(impl, {}).get('busbw_of_link', 0):.2f}"
+                     f"of the link: " + ", ".join(
+                         f"{impl} " + " ".join(f"{r['results'].get(impl, {}).get('of_link', 0):.3f}"
                                                for r in rows) for impl in args.impls.split(",")))
-            print(format_table(rows, args.impls.split(","),
-                               [("ours", "gloo")] if "gloo" in args.impls else [], title), flush=True)
+            impls = args.impls.split(",")
+            pairs = [(a, b) for a, b in (("ours", "gloo"), ("ours", "ours-serial")) if {a, b} <= set(impls)]
+            print(format_table(rows, impls, pairs, title), flush=True)
             blocks.append({"hosts": nh, "per_host": per_host, "rows": rows})
     return blocks
 

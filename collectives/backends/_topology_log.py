@@ -39,7 +39,11 @@ def describe_topology(topo, tune: dict, cma: bool) -> str:
     elif len(groups) == 1:
         algo = shm
     else:
-        algo = f"{shm} within a group, then {tcp}, then shm broadcast"
+        algo = f"{shm} within a group, then {tcp}, then shm broadcast" + (
+            f"; from {_kib(2 * tune['hier_chunk'])} pipelined in chunks of "
+            f"{_kib(tune['hier_chunk'])} (the ring of one chunk beside the shm phases of the "
+            f"next and the previous, by cross-memory attach)"
+            if cma and tune["hier_chunk"] and tune["cma_bytes"] else "")
     return (f"topology of rank {topo.rank}/{topo.size}: {_n(len(hosts), 'host')}, "
             f"{_n(len(groups), 'shared-memory group')} [{where}] (host: ranks, '|' between "
             f"groups); allreduce: {algo}")

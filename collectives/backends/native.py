@@ -35,6 +35,9 @@ TUNING = {
     "cma_bytes": 4 * 1024 * 1024,  # allreduce from here up by cross-memory attach (0: never)
     "cma_chunk": 2 * 1024 * 1024,  # its pipelined chunks
     "tcp_chunk": 512 * 1024,    # one ring item (and the staging buffer of a reduce)
+    # across hosts from twice this up: the leaders' ring one chunk at a time, overlapped
+    # with the shared-memory phases of the chunks around it (0: never)
+    "hier_chunk": 2 * 1024 * 1024,
     "spin_us": 50,              # spin before yielding, when every local rank has a core
     "yield_us": 200,            # then yield the core before sleeping
     # when local ranks outnumber cores: barely spin, sleep at once, and sync less often
@@ -102,6 +105,7 @@ class NativeBackend(Backend):
         opts.cma_chunk = int(tune["cma_chunk"])
         opts.cma = bool(config.shm_cma)
         opts.tcp_chunk = int(tune["tcp_chunk"])
+        opts.hier_chunk = int(tune["hier_chunk"])
         opts.seal_payload = mesh.integrity == "payload"
         fds = [-1] * topo.size
         for peer, sock in mesh.socks.items():
@@ -208,7 +212,8 @@ class NativeBackend(Backend):
     def transport_metrics(self) -> dict:
         """What this rank moved since bootstrap: tcp_ops (ops that sent or received over
         TCP), tcp_bytes_sent, tcp_bytes_received (payload), shm_ops and shm_bytes (ops
-        through this host's shared segment and their payload)."""
+        through this host's shared segment and their payload), pipelined_ops (allreduces
+        across hosts whose shared-memory phases overlapped the leaders' ring)."""
         return dict(self._native().stats) if self._ctx is not None else {}
 
     def _native(self):

@@ -23,7 +23,8 @@ __all__ = ["init", "shutdown", "is_initialized", "engine", "submit", "refused_as
            "local_rank", "local_size", "cross_rank", "cross_size", "is_homogeneous",
            "metrics", "record_step", "op_name", "start_timeline", "stop_timeline"]
 
-TRANSPORT_KEYS = ("shm_ops", "shm_bytes", "tcp_ops", "tcp_bytes_sent", "tcp_bytes_received")
+TRANSPORT_KEYS = ("shm_ops", "shm_bytes", "pipelined_ops", "tcp_ops", "tcp_bytes_sent",
+                  "tcp_bytes_received")
 _counters: dict = {}
 _steps = {"steps": 0, "step_time_s": 0.0, "last_step_time_s": 0.0, "sync_wait_s": 0.0}
 
@@ -144,7 +145,9 @@ def metrics(reset: bool = False) -> dict:
     allreduce_time_s (mean time per step inside allreduce collectives);
     bytes_reduced and bytes_reduced_per_step; tensors_reduced; per transport,
     what this rank moved (shm_ops, shm_bytes: ops through its host's shared
-    memory and their payload; tcp_ops, tcp_bytes_sent, tcp_bytes_received), the
+    memory and their payload; pipelined_ops: allreduces across hosts whose
+    shared-memory phases overlapped the leaders' ring; tcp_ops, tcp_bytes_sent,
+    tcp_bytes_received), the
     engine's coordination included; and the engine's counters (cycles,
     negotiations, fused_buffers, coordination_s...).
     """

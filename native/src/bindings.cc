@@ -167,6 +167,7 @@ void bind_context(py::module_& m) {
       .def_readwrite("cma_chunk", &ContextOptions::cma_chunk)
       .def_readwrite("cma", &ContextOptions::cma)
       .def_readwrite("tcp_chunk", &ContextOptions::tcp_chunk)
+      .def_readwrite("hier_chunk", &ContextOptions::hier_chunk)
       .def_readwrite("seal_payload", &ContextOptions::seal_payload);
 
   py::class_<PyContext>(m, "Context")
@@ -179,7 +180,7 @@ void bind_context(py::module_& m) {
         const TransportStats& s = c.ctx_->stats();
         return py::dict("tcp_ops"_a = s.tcp_ops, "tcp_bytes_sent"_a = s.tcp_sent,
                         "tcp_bytes_received"_a = s.tcp_received, "shm_ops"_a = s.shm_ops,
-                        "shm_bytes"_a = s.shm_bytes);
+                        "shm_bytes"_a = s.shm_bytes, "pipelined_ops"_a = s.pipelined_ops);
       })
       .def("allreduce", [](PyContext& c, py::buffer src, py::buffer dst, int dtype, int op, long seq,
                            bool control) {

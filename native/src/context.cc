@@ -23,7 +23,6 @@ int index_of(const std::vector<int>& v, int x) {
 bool is_member(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
 
 constexpr uint64_t kNoticeBudgetNs = 2000000000ull;  // a failing rank waits at most this for slow sockets
-constexpr uint64_t kCmaDigest = 0x434d41;  // "CMA": an allreduce by cross-memory attach
 }  // namespace
 
 Context::Context(ContextOptions opt, std::vector<int> fds, std::unique_ptr<Segment> seg,
@@ -102,30 +101,6 @@ TcpGroup Context::tcp_group(const std::vector<int>& members) {
                   seconds_to_ns(opt_.timeout_s), &staging_, &agree_, &stats_};
 }
 
-// Reduce within each shared-memory group, ring between the group leaders, broadcast
-// within each group.  With `cma` the two shared-memory phases read the peers' buffers
-// in place (a few steps, not one per segment-sized piece: on a loaded machine each
-// step waits for the peer to be scheduled); a group where that does not work stages
-// through the segment.  The choice is the group's own: it changes nothing on the wire.
-Status Context::hier_allreduce(const void* src, void* dst, size_t count, size_t elem, ReduceFn fn,
-                               bool cma) {
-  bool used = false;
-  if (shm_ && cma) HVS_CHECK(shm_allreduce_cma(*shm_, src, dst, count, elem, fn, opt_.cma_chunk, &used));
-  if (shm_ && !used)
-    HVS_CHECK(shm_allreduce(*shm_, src, dst, count, elem, fn, 0, opt_.small_bytes));
-  else if (!shm_ && dst != src && count)
-    std::memmove(dst, src, count * elem);
-  if (is_member(leaders_, opt_.rank)) {
-    TcpGroup g = tcp_group(leaders_);
-    HVS_CHECK(ring_allreduce(g, static_cast<char*>(dst), static_cast<char*>(dst), count, elem, fn));
-  }
-  if (!shm_) return Status();
-  used = false;
-  if (cma) HVS_CHECK(shm_broadcast_cma(*shm_, static_cast<char*>(dst), count * elem, 0, &used));
-  if (!used) HVS_CHECK(shm_broadcast(*shm_, {Span{static_cast<char*>(dst), count * elem}}, 0));
-  return Status();
-}
-
 Status Context::allreduce(const void* src, void* dst, size_t count, DType dt, ReduceOp op,
                           bool control) {
   HVS_CHECK(check_usable());
@@ -147,8 +122,12 @@ Status Context::allreduce(const void* src, void* dst, size_t count, DType dt, Re
   const bool large = shm_ && opt_.cma_bytes && count * elem >= opt_.cma_bytes &&
                      shm_->cma() != ShmGroup::Cma::kOff;
   const bool cma = leaders_.empty() && large;
+  // Between hosts the chunking is every leader's (its rings must pair): a choice of
+  // sizes and options alone, never of a host's shared memory.
+  const bool pipe = !leaders_.empty() && opt_.hier_chunk && count * elem >= 2 * opt_.hier_chunk;
+  const size_t chunk = pipe ? std::clamp<size_t>(opt_.hier_chunk / elem, 1, 0xffffffffu) : 0;
   tag(OpTag{OpTag::kAllreduce, static_cast<int>(dt), static_cast<int>(op), -1, count,
-            cma ? kCmaDigest : 0});
+            cma ? kCmaDigest : pipe ? kPipeDigest + chunk : 0});
   if (cma) {
     bool used = false;
     HVS_CHECK(shm_allreduce_cma(*shm_, src, dst, count, elem, fn, opt_.cma_chunk, &used));
@@ -156,8 +135,7 @@ Status Context::allreduce(const void* src, void* dst, size_t count, DType dt, Re
   }
   if (leaders_.empty())
     return shm_allreduce(*shm_, src, dst, count, elem, fn, -1, opt_.small_bytes);
-  HVS_CHECK(hier_allreduce(src, dst, count, elem, fn, large));
-  return Status();
+  return hier_allreduce(src, dst, count, elem, fn, large, chunk);
 }
 
 Status Context::allgather(const void* src, void* dst, const std::vector<size_t>& counts, DType dt,

@@ -45,6 +45,8 @@ struct ContextOptions {
   size_t cma_chunk = 2 * 1024 * 1024;  // bytes per pipelined chunk of that algorithm
   bool cma = true;       // this rank agrees to cross-memory attach (all must)
   size_t tcp_chunk = 512 * 1024;
+  // hierarchical allreduce from twice this up: pipelined in chunks of this (hier.cc); 0: never
+  size_t hier_chunk = 4 * 1024 * 1024;
   bool seal_payload = false;  // every op's TCP payload carries a tag (tcp/mac.h), not only its headers
 };
 
@@ -90,8 +92,11 @@ class Context {
   char* scratch(size_t bytes);
   Status swap_halves(int partner, const char* send, size_t send_count, char* recv,
                      size_t recv_count, DType dt, int distance, bool cma);
+  // hier.cc.  `chunk` (elements; 0: the whole buffer at once) must be the same on every
+  // rank: it cuts the leaders' ring into one ring per chunk.
   Status hier_allreduce(const void* src, void* dst, size_t count, size_t elem, ReduceFn fn,
-                        bool cma = false);
+                        bool cma = false, size_t chunk = 0);
+  Status leaders_ring(char* dst, size_t count, size_t elem, ReduceFn fn, size_t chunk);
 
   ContextOptions opt_;
   std::vector<Link> links_;

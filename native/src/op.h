@@ -27,6 +27,12 @@ struct OpTag {
 // A digest of per-rank counts, for tags.
 uint64_t digest_of(const std::vector<size_t>& counts);
 
+// An allreduce's digest names its algorithm where ranks could differ on it (their
+// options): by cross-memory attach on one host, or pipelined across hosts in
+// chunks of (the low 32 bits) elements.
+constexpr uint64_t kCmaDigest = 0x434d41;              // "CMA"
+constexpr uint64_t kPipeDigest = 0x50495045ull << 32;  // "PIPE"
+
 // Bytes of one buffer: a piece of a segment or of a stream.
 struct Span {
   char* ptr;

@@ -21,7 +21,9 @@ import horovod_spark  # noqa: E402
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-COUNTS = (0, 1, 7, 1023, 1 << 18)  # elements: empty, one, odd, below and above chunk sizes
+# elements: empty, one, odd, below and above chunk sizes, and (in float32: 8 MiB and a
+# bit) a pipelined allreduce across hosts, the last of its hier_chunks short
+COUNTS = (0, 1, 7, 1023, 1 << 18, (1 << 21) + 5)
 FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
@@ -119,6 +121,7 @@ def collectives_fn(counts, steps):
            "local_size": hvd.local_size(), "cross_rank": hvd.cross_rank(),
            "cross_size": hvd.cross_size(), "hostname": socket.gethostname(),
            "addr": os.environ.get("HVS_BIND_ADDR"), "sums": sums, "weights": weights,
+           "cma": hvd._state.communicator().backend.cma,
            "metrics": {k: v for k, v in hvd.metrics().items() if isinstance(v, (int, float))}}
     hvd.shutdown()
     return out

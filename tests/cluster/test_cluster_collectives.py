@@ -98,11 +98,13 @@ def test_six_ranks_on_three_hosts_sum_exactly_and_agree_on_weights(six_on_three)
 
 def test_shared_memory_carries_a_host_and_tcp_joins_the_hosts(six_on_three):
     """The transport counters: every rank uses its host's segment; only each host's
-    first rank (its group's leader) sends over TCP."""
+    first rank (its group's leader) sends over TCP; the allreduces of 8 MiB and more
+    were pipelined where the host's ranks read each other by cross-memory attach."""
     ranks, _ = six_on_three
     for r in ranks:
         m = r["metrics"]
         assert m["shm_ops"] > 0 and m["shm_bytes"] > 0, (r["rank"], m)
+        assert (m["pipelined_ops"] > 0) == (r["cma"] == "on"), (r["rank"], r["cma"], m)
         if r["local_rank"] == 0:
             assert m["tcp_bytes_sent"] > 0 and m["tcp_ops"] > 0, (r["rank"], m)
         else:

@@ -16,8 +16,9 @@ TCP = {"HOROVOD_SPARK_FORCE_TCP": "1"}
 
 
 #: cross-memory attach for every allreduce, in chunks small enough that the suite's
-#: large counts take several, and some ranks' slices of a small count are empty
-CMA_EVERYWHERE = {"cma_bytes": 1, "cma_chunk": 64 * 1024 + 64}
+#: large counts take several, and some ranks' slices of a small count are empty; across
+#: hosts the large counts are pipelined, several chunks a buffer, the last one short
+CMA_EVERYWHERE = {"cma_bytes": 1, "cma_chunk": 64 * 1024 + 64, "hier_chunk": 48 * 1024 + 8}
 STAGED = {"cma_bytes": 0}
 
 
@@ -35,7 +36,8 @@ def _run_suite(here, tuning=None):
     try:
         checks = check_all(comm)
         return dict(backend=comm.backend_name, local_size=comm.local_size,
-                    cross_size=comm.cross_size, checks=checks, cma=comm.backend.cma)
+                    cross_size=comm.cross_size, checks=checks, cma=comm.backend.cma,
+                    pipelined=comm.backend.transport_metrics()["pipelined_ops"])
     finally:
         comm.close()
 
@@ -70,6 +72,13 @@ def test_every_op_matches_numpy_across_two_fake_hosts(hosts, tuning):
     results = _suite_on(len(hosts), hosts=list(hosts), tuning=tuning)
     assert [r["cross_size"] for r in results] == [2] * len(hosts)
     assert [r["local_size"] for r in results] == [hosts.count(h) for h in hosts]
+    # the large allreduces of a group that reads by cross-memory attach were pipelined
+    # (the default hier_chunk pipelines none of the suite's sizes)
+    for r in results:
+        if tuning and r["local_size"] > 1 and r["cma"] == "on":
+            assert r["pipelined"] > 0, results
+        else:
+            assert r["pipelined"] == 0, results
 
 
 def _agree_on_cma(refuse: int, cma_bytes: dict):
@@ -80,13 +89,14 @@ def _agree_on_cma(refuse: int, cma_bytes: dict):
     from collectives.backends import native
 
     rank = int(__import__("os").environ["HVS_RANK"])
-    native.TUNING.update(cma_bytes=cma_bytes.get(rank, 1), cma_chunk=4096)
+    native.TUNING.update(cma_bytes=cma_bytes.get(rank, 1), cma_chunk=4096, hier_chunk=8192)
     comm = collectives.init(collectives.Config.create({"shm_cma": rank != refuse}))
     try:
         x = np.arange(10_000, dtype=np.float64) * (rank + 1)
         got = comm.allreduce(x)
         ok = np.array_equal(got, np.arange(10_000) * sum(range(1, comm.size + 1)))
-        return {"ok": ok, "cma": comm.backend.cma}
+        return {"ok": ok, "cma": comm.backend.cma,
+                "pipelined": comm.backend.transport_metrics()["pipelined_ops"]}
     except MismatchError as exc:
         return {"mismatch": str(exc)}
     finally:
@@ -95,20 +105,52 @@ def _agree_on_cma(refuse: int, cma_bytes: dict):
 
 def test_one_rank_that_refuses_cross_memory_attach_makes_every_rank_stage():
     results = run_local(_agree_on_cma, 3, args=(1, {}), timeout=120)
-    assert results == [{"ok": True, "cma": "off"}] * 3
+    assert results == [{"ok": True, "cma": "off", "pipelined": 0}] * 3
 
 
 def test_hosts_that_differ_on_cross_memory_attach_still_sum_exactly():
     """Host a's ranks stage through their segment (rank 0 refuses cross-memory attach),
-    host b's read each other's buffers: a choice within a host, nothing on the wire."""
+    host b's read each other's buffers: a choice within a host, nothing on the wire.
+    The buffer is ten hier_chunks: b's leader runs its rings on a thread, overlapped
+    with its group's phases, a's one after another, and they pair."""
     results = run_local(_agree_on_cma, 4, args=(0, {}), hosts=["a", "a", "b", "b"], timeout=120)
-    assert results == [{"ok": True, "cma": c} for c in ("off", "off", "on", "on")], results
+    assert results == [{"ok": True, "cma": c, "pipelined": int(c == "on")}
+                       for c in ("off", "off", "on", "on")], results
 
 
 def test_ranks_that_would_take_different_algorithms_fail_with_a_mismatch():
     results = run_local(_agree_on_cma, 2, args=(-1, {0: 1, 1: 0}), timeout=120)
     for r in results:
         assert "mismatch" in r and "disagree" in r["mismatch"], results
+
+
+def _chunked(odd: int):
+    import numpy as np
+
+    import collectives
+    from collectives import MismatchError
+    from collectives.backends import native
+
+    rank = int(__import__("os").environ["HVS_RANK"])
+    native.TUNING.update(cma_bytes=1, hier_chunk=4096 if rank == odd else 8192)
+    comm = collectives.init()
+    try:
+        got = comm.allreduce(np.ones(10_000))
+        return {"ok": bool((got == comm.size).all())}
+    except MismatchError as exc:
+        return {"mismatch": str(exc)}
+    finally:
+        comm.close()
+
+
+@pytest.mark.parametrize("odd", [1, 2], ids=["a-reader", "a-leader"])
+def test_ranks_that_would_cut_the_leaders_ring_differently_fail_with_a_mismatch(odd):
+    """A rank whose hier_chunk differs would pair other rings: every rank fails at once,
+    the ranks that found it saying both chunkings."""
+    results = run_local(_chunked, 4, args=(odd,), hosts=["a", "a", "b", "b"], timeout=120)
+    assert all("mismatch" in r for r in results), results
+    assert any("chunks of 512 elements" in r["mismatch"] and "chunks of 1024 elements"
+               in r["mismatch"] for r in results), results
 
 
 def _pinned(core: int, conn) -> None:

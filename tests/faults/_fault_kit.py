@@ -133,11 +133,12 @@ def run_job(launch: Callable[[io.StringIO], Any], outdir) -> Outcome:
     return Outcome(error, value, t0, time.time(), str(outdir), sink.getvalue())
 
 
-def run_local_job(fn, np_: int, args=(), env=None, outdir=".", timeout: float = 90.0) -> Outcome:
+def run_local_job(fn, np_: int, args=(), env=None, outdir=".", timeout: float = 90.0,
+                  hosts=None) -> Outcome:
     from collectives.launch import run_local
 
     return run_job(lambda sink: run_local(fn, np_, args=args, env=env, stdout=sink, stderr=sink,
-                                          timeout=timeout), outdir)
+                                          timeout=timeout, hosts=hosts), outdir)
 
 
 def run_spark_job(fn, np_: int, args=(), env=None, outdir=".", **kw) -> Outcome:

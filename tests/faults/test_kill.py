@@ -69,6 +69,20 @@ def test_a_rank_killed_at_a_random_point_of_hvd_training_is_named_and_nothing_is
     assert_nothing_left(out, fault)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("victim", [1, 2], ids=["its-hosts-reader", "the-other-hosts-leader"])
+def test_a_rank_killed_inside_a_pipelined_allreduce_across_hosts_is_named(fault, victim):
+    """Two fake hosts of two ranks; 6 MiB allreduces, three hier_chunks each: rank 0's
+    ring runs on a thread of its own while its group reads by cross-memory attach.  The
+    victim is rank 1 (it reads rank 0's buffer) or rank 2 (rank 0's ring peer)."""
+    out = kit.run_local_job(ranks.train_and_die, 4, args=(fault.outdir, victim, 0.5, "allreduce",
+                                                          3 << 19), env=fault.env(),
+                            outdir=fault.outdir, hosts=["a", "a", "b", "b"])
+    assert_driver_named(out, victim, TIMEOUT)
+    assert_survivors_named(out, victim, 4)
+    assert_nothing_left(out, fault)
+
+
 FUSION_IN_FLIGHT = (
     "a peer lost inside a fused allreduce leaves the survivors' handles unfinished forever: "
     "FusionEngine._cycle takes the agreed requests out of _pending (_take) before "

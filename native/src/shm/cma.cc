@@ -215,6 +215,54 @@ Status shm_allreduce_cma(ShmGroup& g, const void* src, void* dst, size_t count, 
   return Status();
 }
 
+// Events in one order on every local rank, so that each post is the same phase
+// everywhere: reduce(0), then reduce(k) and release(k - 1) for each later k, then
+// release(last).  The leader waits in release(k) for the chunk between hosts.
+Status shm_hier_allreduce_cma(ShmGroup& g, const void* src, void* dst, size_t count, size_t elem,
+                              ReduceFn fn, size_t chunk, const CrossHost& cross, bool* used) {
+  *used = false;
+  std::vector<Addresses> peers;
+  HVS_CHECK(exchange_addresses(g, src, dst, &peers));
+  if (g.cma() != ShmGroup::Cma::kOn) {
+    g.end_step();
+    return Status();  // the caller runs the staged phases
+  }
+  const uint64_t leader_dst = peers[0].dst;
+  CmaAllreduce op(g, static_cast<const char*>(src), static_cast<char*>(dst), elem, fn,
+                  std::move(peers));
+  char* out = static_cast<char*>(dst);
+  const bool leader = g.me() == 0;
+  auto reduce = [&](size_t first, size_t n) -> Status {
+    HVS_CHECK(op.reduce(first, n));  // posts: every slice of the chunk is reduced once it's seen
+    if (!leader) return Status();
+    HVS_CHECK(op.copy_out(first, n, g.phase()));
+    cross.start(first, n);
+    return Status();
+  };
+  auto release = [&](size_t first, size_t n) -> Status {
+    if (leader) {
+      HVS_CHECK(cross.finish(first, n));
+    } else {  // the leader posts this phase once the chunk is final
+      HVS_CHECK(g.wait_one(0, g.phase() + 1));
+      HVS_CHECK(read_peer(g, 0, out + first * elem, leader_dst + first * elem, n * elem));
+    }
+    g.post();
+    return Status();
+  };
+  chunk = std::max<size_t>(1, chunk);
+  for (size_t first = 0; first < count; first += chunk) {
+    HVS_CHECK(reduce(first, std::min(chunk, count - first)));
+    if (first) HVS_CHECK(release(first - chunk, chunk));
+  }
+  if (count) {
+    const size_t last = (count - 1) / chunk * chunk;
+    HVS_CHECK(release(last, count - last));
+  }
+  HVS_CHECK(finish_reads(g));  // nobody returns while a peer still reads its buffers
+  *used = true;
+  return Status();
+}
+
 Status shm_exchange_cma(ShmGroup& g, int peer, const void* send, void* recv, size_t recv_bytes,
                         bool* used) {
   *used = false;

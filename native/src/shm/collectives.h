@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <vector>
 
 #include "../reduce.h"
@@ -21,6 +22,23 @@ Status shm_allreduce(ShmGroup& g, const void* src, void* dst, size_t count, size
 // (then run shm_allreduce).  Every local rank must call it for the same ops.
 Status shm_allreduce_cma(ShmGroup& g, const void* src, void* dst, size_t count, size_t elem,
                          ReduceFn fn, size_t chunk_bytes, bool* used);
+
+// The leader's part of a pipelined hierarchical allreduce, chunk by chunk (elements
+// [first, first + n)): `start` is handed a chunk once the leader holds the host's sum
+// of it; `finish` returns once that chunk holds the world's (chunks finish in order).
+struct CrossHost {
+  std::function<void(size_t first, size_t n)> start;
+  std::function<Status(size_t first, size_t n)> finish;
+};
+
+// The shared-memory phases of a hierarchical allreduce by cross-memory attach,
+// pipelined in chunks of `chunk` elements around the leader's (local rank 0's)
+// `cross`: every rank reduces its slice of chunk k and the leader reads the other
+// slices, then starts chunk k across hosts; once it has finished, the others read
+// chunk k from the leader.  Chunk k + 1 is reduced (and chunk k - 1 read) while
+// chunk k is between hosts.  *used as shm_allreduce_cma's; `cross` runs on the leader only.
+Status shm_hier_allreduce_cma(ShmGroup& g, const void* src, void* dst, size_t count, size_t elem,
+                              ReduceFn fn, size_t chunk, const CrossHost& cross, bool* used);
 
 // The same as shm_broadcast of one span, each rank reading root's buffer in place by
 // cross-memory attach: *used is false, having changed nothing, unless the group has

@@ -58,10 +58,12 @@ struct RecvItem {
 // What this rank moved, for metrics: TCP payload bytes sent and received and the
 // ops that moved any (an op counts once however many transfers it runs: its
 // Agreement::seq was last_tcp_seq), and the ops that went through the host's
-// shared segment with their payload bytes.
+// shared segment with their payload bytes, and the allreduces whose shared-memory
+// phases overlapped the leaders' ring (hier.cc).
 struct TransportStats {
   uint64_t tcp_ops = 0, tcp_sent = 0, tcp_received = 0, last_tcp_seq = 0;
   uint64_t shm_ops = 0, shm_bytes = 0;
+  uint64_t pipelined_ops = 0;
 };
 
 struct TransferOptions {
