@@ -8,6 +8,7 @@ Implementations, each in its own group of rank processes (one thread each):
 
   ours            hvd.allreduce_async_ on every tensor, then hvd.synchronize on each
                   (negotiated and fused by the fusion engine)
+  ours-grouped    hvd.grouped_allreduce_ of all of them, named (one call a step)
   ours-hooks      the same tensors as gradients of a 200-parameter model:
                   backward() with DistributedOptimizer's hooks, then synchronize()
   ours-mpi        `ours` with ranks started by mpiexec (the MPI backend under the engine)
@@ -38,7 +39,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from _peers import gloo_init, load, slowest, summarize, timed, with_free_port  # noqa: E402
 
-IMPLS = ("ours", "ours-hooks", "ours-mpi", "gloo", "gloo-async", "ddp")
+IMPLS = ("ours", "ours-grouped", "ours-hooks", "ours-mpi", "gloo", "gloo-async", "ddp")
 
 
 def _tensors(spec):
@@ -61,7 +62,7 @@ def _params_model(spec):
     return Params()
 
 
-def _ours_rank(spec, hooks: bool, keep: bool = False):
+def _ours_rank(spec, mode: str, keep: bool = False):
     import torch
 
     import horovod_spark.torch as hvd
@@ -69,7 +70,7 @@ def _ours_rank(spec, hooks: bool, keep: bool = False):
     torch.set_num_threads(1)
     hvd.init()
     try:
-        if hooks:
+        if mode == "ours-hooks":
             model = _params_model(spec)
             opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
                                            named_parameters=model.named_parameters())
@@ -80,6 +81,11 @@ def _ours_rank(spec, hooks: bool, keep: bool = False):
                 opt.synchronize()
                 with opt.skip_synchronize():
                     opt.step()
+        elif mode == "ours-grouped":
+            ts = _tensors(spec)
+
+            def step():
+                hvd.grouped_allreduce_(ts, name="grads", op=hvd.Sum)
         else:
             ts = _tensors(spec)
             names = [f"t{i}" for i in range(len(ts))]
@@ -141,7 +147,7 @@ def _mpi(n: int, spec: dict) -> list:
 def _mpi_rank(spec: dict) -> None:
     import horovod_spark.torch as hvd
 
-    res = _ours_rank(spec, False, keep=True)
+    res = _ours_rank(spec, "ours-mpi", keep=True)
     everyone = hvd.allgather_object(res)
     if hvd.rank() == 0:
         print("MPI-RESULTS " + json.dumps(everyone), flush=True)
@@ -155,7 +161,7 @@ def run_impl(name: str, n: int, spec: dict) -> list:
     if name == "ours-mpi":
         return _mpi(n, spec)
     if name.startswith("ours"):
-        return run_local(_ours_rank, n, args=(spec, name == "ours-hooks"), env=env,
+        return run_local(_ours_rank, n, args=(spec, name), env=env,
                          timeout=1200, prefix_output=False)
     return with_free_port(lambda port: run_local(_gloo_rank, n, args=(spec, port, name), env=env,
                                                  timeout=1200, prefix_output=False))

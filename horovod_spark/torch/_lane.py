@@ -11,6 +11,10 @@ tensors' addresses, with the GIL released, and pair with ranks whose engines run
 same cycle in Python.  A cycle the lane cannot decide alone (a peer joined, announced a
 new name, holds other work) is handed to the engine, which finishes it.
 
+Async ops (`allreduce_async_`, and each member of a named grouped allreduce, in place
+or on a copy) queue in the lane once their slot is armed (`FusionEngine.lane_enqueue`);
+`synchronize` runs the lane's batch cycles (`LaneHandle`).
+
 Only what the lane reduces exactly as the engine does takes this path: a named op on
 the global process set, Sum or Average, no prescale, a contiguous CPU tensor of
 float16/32/64 with at least one element, an engine with a lane (the native backend).
@@ -123,16 +127,22 @@ class LaneHandle:
         return self.tensor
 
 
-def allreduce_async_(tensor: torch.Tensor, name: Optional[str], op, pre: float, post: float):
-    """An in-place async allreduce on the global set through the lane: (LaneHandle, None)
-    once its slot is armed and the engine holds nothing else; else (None, arm) where the
-    path applies (arm(handle) arms the slot after the engine ran the op), or None."""
-    if not _applies(tensor, name, op, pre, post):
+def applies_async(tensor: torch.Tensor, full: Optional[str], op, pre: float, post: float) -> bool:
+    """Whether `allreduce_async_` may take this op (it still may not, once it looks)."""
+    return _applies(tensor, full, op, pre, post) and _slots().lane is not None
+
+
+def allreduce_async_(tensor: torch.Tensor, full: Optional[str], op, pre: float, post: float):
+    """An in-place async allreduce on the global set through the lane, `full` the op's
+    name (None: an unnamed op, which gets a new name each call: not for the lane):
+    (LaneHandle, None) once its slot is armed and the engine holds nothing else; else
+    (None, arm) where the path applies (arm(handle) arms the slot after the engine ran
+    the op), or None."""
+    if not _applies(tensor, full, op, pre, post):
         return None
     s = _slots()
     if s.lane is None:
         return None
-    full = "allreduce." + name
     slot = _slot(s, (full, tensor.dtype, tuple(tensor.shape), op, post))
     if slot is None:
         return None

@@ -181,16 +181,29 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     if op is Adasum:
         return _adasum_handle([tensor], [_state.op_name("allreduce", name, ps)], True,
                               prescale_factor, postscale_factor, lambda r: r[0], ps)
-    lane = _lane.allreduce_async_(tensor, name, op, prescale_factor, postscale_factor) \
+    h, finish = _inplace_submit(tensor, name is not None, _state.op_name("allreduce", name, ps),
+                                op, prescale_factor, postscale_factor, ps)
+    return TorchHandle([h], lambda results: finish(results[0]))
+
+
+def _inplace_submit(tensor, named: bool, full: str, op, pre, post, ps=None):
+    """One in-place allreduce: queued in the engine's lane where that applies (a named op
+    on the global set, `_lane`), else submitted to the engine.  Returns (handle,
+    finish(its result) -> the result tensor)."""
+    lane = _lane.allreduce_async_(tensor, full if named else None, op, pre, post) \
         if ps is None else None
     if lane is not None and lane[0] is not None:
-        return TorchHandle([lane[0]], _first)
-    h, plan = _allreduce_submit(tensor, tensor, _state.op_name("allreduce", name, ps), op,
-                                prescale_factor, postscale_factor, ps)
+        return lane[0], _same
+    h, plan = _allreduce_submit(tensor, tensor, full, op, pre, post, ps)
     if lane is not None and plan is None:  # the first run of a name: arm its lane slot after
         arm = lane[1]
-        return TorchHandle([h], lambda results: (arm(h), results[0])[1])
-    return TorchHandle([h], _reduce_finish(plan, tensor, ps))
+        return h, lambda result: (arm(h), result)[1]
+    finish = _reduce_finish(plan, tensor, ps)
+    return h, lambda result: finish([result])
+
+
+def _same(result):
+    return result
 
 
 def _adasum_handle(tensors, names, inplace: bool, pre, post, result, ps=None) -> TorchHandle:
@@ -204,15 +217,21 @@ def _grouped(tensors: Sequence[torch.Tensor], inplace: bool, name, op, pre, post
     if op is Adasum:
         return _adasum_handle(list(tensors), [f"{base}.{i}" for i in range(len(tensors))],
                               inplace, pre, post, list, ps)
-    handles, plans = [], []
+    handles, finishes = [], []
     for i, t in enumerate(tensors):
-        h, plan = _allreduce_submit(t, t if inplace else None, f"{base}.{i}", op, pre, post, ps)
+        full = f"{base}.{i}"
+        if ps is None and name is not None and _lane.applies_async(t, full, op, pre, post):
+            # in place on a copy where the caller keeps its tensor: the lane's path
+            h, fin = _inplace_submit(t if inplace else t.clone(), True, full, op, pre, post)
+        else:
+            h, plan = _allreduce_submit(t, t if inplace else None, full, op, pre, post, ps)
+            fin = _reduce_finish(plan, t if inplace else None, ps)
+            fin = (lambda f: lambda result: f([result]))(fin)
         handles.append(h)
-        plans.append(plan)
+        finishes.append(fin)
 
     def finish(results):
-        n = _state.set_size(ps)
-        out = [r if p is None else p.finish(r, n) for r, p in zip(results, plans)]
+        out = [f(r) for f, r in zip(finishes, results)]
         return list(tensors) if inplace else out
     return TorchHandle(handles, finish)
 

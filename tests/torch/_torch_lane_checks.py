@@ -241,6 +241,35 @@ def async_ops_run_in_the_lane_in_batches(hvd):
         assert ran == 0, ran
 
 
+def grouped_allreduces_run_in_the_lane(hvd):
+    """Named groups, in place and into new tensors (the inputs untouched), three dtypes,
+    Sum and Average: every result exact, and from each group's second step on the lane
+    runs its members; an unnamed group (a new name each call) stays on the engine's path."""
+    r, n = hvd.rank(), hvd.size()
+    shapes = [((5,), torch.float32), ((3, 7), torch.float64), ((40,), torch.float16), ((1,), torch.float32)]
+    before = lane_tensors(hvd)
+    for step in range(5):
+        for op in (hvd.Sum, hvd.Average):
+            xs = [data(r, step, shape, dtype) for shape, dtype in shapes]
+            got = hvd.grouped_allreduce(xs, name=f"group.{int(op)}", op=op)
+            for x, g, (shape, dtype) in zip(xs, got, shapes):
+                assert g.data_ptr() != x.data_ptr() and g.dtype == dtype and g.shape == shape
+                np.testing.assert_array_equal(x.numpy(), data(r, step, shape, dtype).numpy())
+                np.testing.assert_array_equal(g.numpy(), want(n, step, shape, dtype, op, 1.0, hvd))
+            ys = [data(r, step, shape, dtype) for shape, dtype in shapes]
+            h = hvd.grouped_allreduce_async_(ys, name=f"group_.{int(op)}", op=op)
+            assert all(a is b for a, b in zip(hvd.synchronize(h), ys))
+            for y, (shape, dtype) in zip(ys, shapes):
+                np.testing.assert_array_equal(y.numpy(), want(n, step, shape, dtype, op, 1.0, hvd))
+    ran = lane_tensors(hvd) - before
+    assert ran >= 4 * 2 * 2 * len(shapes) if lane_on() else ran == 0, ran
+    before = lane_tensors(hvd)
+    for step in range(3):
+        got = hvd.grouped_allreduce([data(r, step, (6,), torch.float32)], op=hvd.Sum)
+        np.testing.assert_array_equal(got[0].numpy(), want(n, step, (6,), torch.float32, hvd.Sum, 1.0, hvd))
+    assert lane_tensors(hvd) == before
+
+
 def a_poll_loop_and_a_new_name_finish_lane_ops(hvd):
     """Ops queued in the lane finish under a loop of poll() (nobody synchronizes: the
     engine's thread takes them over), and beside a name new on one rank only, whose
@@ -289,7 +318,8 @@ CHECKS = [named_ops_run_in_the_lane_and_match_numpy, one_name_with_new_shapes_an
           ops_outside_the_lane_still_match_and_leave_it_alone, gradients_flow_through_a_named_allreduce,
           pending_async_ops_and_the_lane_share_cycles, threads_with_their_own_names_share_the_lane,
           a_join_hands_the_lanes_cycle_to_the_engine,
-          async_ops_run_in_the_lane_in_batches, a_poll_loop_and_a_new_name_finish_lane_ops,
+          async_ops_run_in_the_lane_in_batches, grouped_allreduces_run_in_the_lane,
+          a_poll_loop_and_a_new_name_finish_lane_ops,
           uneven_async_steps_end_in_a_join,
           a_new_shape_on_one_rank_is_a_mismatch_on_every_rank]
 
