@@ -12,6 +12,12 @@ Implementations, each in its own group of rank processes (one thread each):
   ours-hooks      the same tensors as gradients of a 200-parameter model:
                   backward() with DistributedOptimizer's hooks, then synchronize()
   ours-mpi        `ours` with ranks started by mpiexec (the MPI backend under the engine)
+  horovod         `ours` with Horovod itself (horovod.torch, its Gloo controller and ops,
+                  started by horovodrun --gloo), where --horovod-python names an
+                  interpreter that has Horovod (it does not build on this machine's
+                  torch unless patched: see docs/benchmarks.md); its default settings
+  horovod-grouped `ours-grouped` with Horovod
+  horovod-hooks   `ours-hooks` with Horovod
   gloo            dist.all_reduce on each tensor, one after the other
   gloo-async      dist.all_reduce(async_op=True) on each tensor, then wait on each
   ddp             the same 200-parameter model under DistributedDataParallel (Gloo,
@@ -39,7 +45,8 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from _peers import gloo_init, load, slowest, summarize, timed, with_free_port  # noqa: E402
 
-IMPLS = ("ours", "ours-grouped", "ours-hooks", "ours-mpi", "gloo", "gloo-async", "ddp")
+IMPLS = ("ours", "ours-grouped", "ours-hooks", "ours-mpi", "horovod", "horovod-grouped",
+         "horovod-hooks", "gloo", "gloo-async", "ddp")
 
 
 def _tensors(spec):
@@ -154,12 +161,64 @@ def _mpi_rank(spec: dict) -> None:
     hvd.shutdown()
 
 
-def run_impl(name: str, n: int, spec: dict) -> list:
+def _horovod(n: int, spec: dict, python: str, mode: str) -> list:
+    """`ours` (or ours-grouped, ours-hooks: `mode`) with Horovod under horovodrun --gloo;
+    rank 0 prints every rank's result as one JSON line."""
+    spec = dict(spec, mode=mode)
+    cmd = [python, "-m", "horovod.runner.launch", "--gloo", "-np", str(n), "-H", f"localhost:{n}",
+           python, os.path.abspath(__file__), "--horovod-rank", json.dumps(spec)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HVS_", "HOROVOD_"))}
+    env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
+    for line in proc.stdout.splitlines():
+        if "HVD-RESULTS " in line:  # horovodrun prefixes each line with its rank
+            return json.loads(line.split("HVD-RESULTS ", 1)[1])
+    raise RuntimeError(f"horovodrun failed ({proc.returncode}): {proc.stdout[-1000:]} {proc.stderr[-2000:]}")
+
+
+def _horovod_rank(spec: dict) -> None:
+    import horovod.torch as hvd  # Horovod itself: this process is horovodrun's
+    import torch
+
+    torch.set_num_threads(1)
+    hvd.init()
+    ts = _tensors(spec)
+    names = [f"t{i}" for i in range(len(ts))]
+    model = _params_model(spec)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                   named_parameters=model.named_parameters())
+
+    def step():
+        if spec["mode"] == "horovod-grouped":
+            hvd.grouped_allreduce_(ts, name="grads", op=hvd.Sum)
+        elif spec["mode"] == "horovod-hooks":
+            opt.zero_grad()
+            model().backward()
+            opt.synchronize()
+            with opt.skip_synchronize():
+                opt.step()
+        else:
+            hs = [hvd.allreduce_async_(t, name=n, op=hvd.Sum) for t, n in zip(ts, names)]
+            for h in hs:
+                hvd.synchronize(h)
+
+    cpu: list = []
+    times = timed(step, lambda: hvd.allreduce(torch.zeros(1), name="barrier"), spec["warmup"],
+                  spec["reps"], cpu)
+    everyone = hvd.allgather_object({"times": times, "cpu": cpu})
+    if hvd.rank() == 0:
+        print("HVD-RESULTS " + json.dumps(everyone), flush=True)
+    hvd.shutdown()
+
+
+def run_impl(name: str, n: int, spec: dict, horovod_python: str = "") -> list:
     from collectives.launch import run_local
 
     env = {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     if name == "ours-mpi":
         return _mpi(n, spec)
+    if name.startswith("horovod"):
+        return _horovod(n, spec, horovod_python, name)
     if name.startswith("ours"):
         return run_local(_ours_rank, n, args=(spec, name), env=env,
                          timeout=1200, prefix_output=False)
@@ -173,7 +232,7 @@ def table(results: dict, spec: dict, n: int) -> str:
     reps = next(iter(results.values()))["reps"] if results else 0
     lines = [f"# {spec['tensors']} tensors x {spec['kib']} KiB float32 ({total_kib} KiB) summed "
              f"over {n} ranks per repetition; {reps} repetitions per implementation",
-             f"# {'impl':>11} {'median(ms)':>11} {'best(ms)':>9} {'per tensor(us)':>15} "
+             f"# {'impl':>15} {'median(ms)':>11} {'best(ms)':>9} {'per tensor(us)':>15} "
              f"{'median/ours':>12} {'best/ours':>10} {'cpu(ms)':>8} {'cpu/ours':>9}"]
     ours_cpu = results.get("ours", {}).get("cpu_median_s")
     best = results["ours"]["best_s"] if "ours" in results else None
@@ -183,7 +242,7 @@ def table(results: dict, spec: dict, n: int) -> str:
         cpu = res.get("cpu_median_s")
         cpu_txt = f"{cpu * 1e3:>8.2f}" if cpu is not None else f"{'-':>8}"
         cratio = f"{cpu / ours_cpu:>8.1f}x" if cpu is not None and ours_cpu else f"{'-':>9}"
-        lines.append(f"  {name:>11} {res['median_s'] * 1e3:>11.2f} {res['best_s'] * 1e3:>9.2f} "
+        lines.append(f"  {name:>15} {res['median_s'] * 1e3:>11.2f} {res['best_s'] * 1e3:>9.2f} "
                      f"{res['median_s'] / spec['tensors'] * 1e6:>15.1f} {ratio} {bratio} "
                      f"{cpu_txt} {cratio}")
     lines.append("# cpu: median CPU ms per repetition, every thread of every rank (less load-bound "
@@ -201,17 +260,27 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=1,
                    help="run every implementation this many times, interleaved (load drifts)")
     p.add_argument("--only", default=",".join(IMPLS))
+    p.add_argument("--horovod-python", default=os.environ.get("HOROVOD_PYTHON", ""),
+                   help="an interpreter with Horovod installed (default $HOROVOD_PYTHON); "
+                        "without one the horovod rows are left out")
     p.add_argument("--mpi-rank", help=argparse.SUPPRESS)
+    p.add_argument("--horovod-rank", help=argparse.SUPPRESS)
     ns = p.parse_args(argv)
     if ns.mpi_rank:
         _mpi_rank(json.loads(ns.mpi_rank))
+        return 0
+    if ns.horovod_rank:
+        _horovod_rank(json.loads(ns.horovod_rank))
         return 0
     spec = {"tensors": ns.tensors, "kib": ns.kib, "reps": ns.reps, "warmup": ns.warmup}
     results, raw, times, cpus, load_before = {}, {}, {}, {}, load()
     for k in range(ns.rounds):
         for name in [x for x in ns.only.split(",") if x]:
+            if name.startswith("horovod") and not ns.horovod_python:
+                print(f"# {name}: left out (no --horovod-python)", file=sys.stderr)
+                continue
             t = time.time()
-            raw[name] = run_impl(name, ns.np, spec)
+            raw[name] = run_impl(name, ns.np, spec, ns.horovod_python)
             times.setdefault(name, []).extend(slowest([r["times"] for r in raw[name]]))
             cpus.setdefault(name, []).extend(sum(c) for c in zip(*[r["cpu"] for r in raw[name]]))
             print(f"# round {k}: {name}: done in {time.time() - t:.0f} s", file=sys.stderr,
