@@ -46,7 +46,7 @@ native = Extension(
     language="c++",
     extra_compile_args=["-std=c++17", "-O3", "-fvisibility=hidden", "-ffp-contract=off",
                         "-Wall", "-Wno-unused-function"],
-    extra_link_args=["-lrt"],
+    extra_link_args=["-lrt", "-ldl"],  # -ldl: dlopen of the CUDA lane's libraries, glibc < 2.34
 )
 
 setup(

@@ -23,7 +23,7 @@ from .errors import CollectiveError, NotSupported, describe
 
 __all__ = ["select_device", "is_cuda_buffer", "check_exclusive_gpus", "gpu_addresses",
            "DeviceBuffer", "device_buffer", "torch_stream", "current_stream", "import_cupy_nccl", "import_or_refuse",
-           "NCCL_INSTALL_HINT"]
+           "NCCL_INSTALL_HINT", "cuda_runtime", "runtime_candidates"]
 
 _SPARK_GPU_HINT = ("give every task its own GPU: spark.task.resource.gpu.amount=1 and "
                    "spark.executor.resource.gpu.amount = tasks per executor")
@@ -247,3 +247,34 @@ def import_cupy_nccl():
         raise NotSupported(describe("backend nccl is not available: CUDA sees no GPU",
                                     hint="check CUDA_VISIBLE_DEVICES and the task's GPU resources"))
     return cupy, nccl
+
+
+#: The CUDA runtime's and NCCL's sonames, newest first: what CuPy and torch load.
+_CUDART_NAMES = ("libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so")
+_NCCL_NAMES = ("libnccl.so.2",)
+_runtime: list = []
+
+
+def runtime_candidates(paths: Optional[Sequence[str]] = None) -> Tuple[list, list]:
+    """(cudart, nccl): the names the CUDA lane tries, then the nvidia-* wheels' libraries
+    under `paths` (nvidia/cuda_runtime/lib, nvidia/nccl/lib), as `_native.CudaRuntime` takes
+    them: a name must be loaded already, a path is loaded."""
+    import os
+
+    cudart, nccl = list(_CUDART_NAMES), list(_NCCL_NAMES)
+    for root in sys.path if paths is None else paths:
+        for folder, names, out in (("cuda_runtime", _CUDART_NAMES, cudart), ("nccl", _NCCL_NAMES, nccl)):
+            lib = os.path.join(root or ".", "nvidia", folder, "lib")
+            out.extend(p for p in (os.path.join(lib, n) for n in names) if os.path.isfile(p))
+    return cudart, nccl
+
+
+def cuda_runtime():
+    """The CUDA lane's device step (`_native.CudaRuntime`: the CUDA runtime and NCCL this
+    process loaded, else the nvidia-* wheels'), made once; NotSupported saying what is
+    missing."""
+    if not _runtime:
+        from . import _native
+
+        _runtime.append(_native.CudaRuntime(*runtime_candidates()))
+    return _runtime[0]

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "context.h"
+#include "cuda/runtime.h"
 #include "lane/lane.h"
 #include "reduce.h"
 #include "shm/segment.h"
@@ -392,6 +393,48 @@ void bind_kernels(py::module_& m) {
   m.attr("OPS") = ops;
 }
 
+struct PyCudaRuntime {
+  std::unique_ptr<CudaRuntime> rt;
+};
+
+void bind_cuda(py::module_& m) {
+  py::class_<PyCudaRuntime>(m, "CudaRuntime",
+                            "The CUDA lane's device step: the CUDA runtime and NCCL loaded at run "
+                            "time (native/src/cuda/runtime.h).")
+      .def(py::init([](std::vector<std::string> cudart, std::vector<std::string> nccl) {
+             auto* p = new PyCudaRuntime();
+             Status st = CudaRuntime::load(cudart, nccl, &p->rt);
+             if (!st.ok()) {
+               delete p;
+               raise_status(st, Where{}, "CUDA lane", -1);
+             }
+             return p;
+           }),
+           "cudart"_a, "nccl"_a,
+           "Names already loaded in this process, or paths (with a '/'), tried in order.")
+      .def_property_readonly("nccl_version", [](PyCudaRuntime& r) { return r.rt->nccl_version(); })
+      .def_property_readonly("libraries", [](PyCudaRuntime& r) {
+        return py::make_tuple(r.rt->cudart_name(), r.rt->nccl_name());
+      })
+      .def("allreduce", [](PyCudaRuntime& r, uintptr_t comm, uintptr_t caller_stream,
+                           uintptr_t engine_stream, uintptr_t src, uintptr_t dst, size_t count,
+                           int dtype, int op) {
+        DType dt = dtype_arg(dtype);
+        ReduceOp o = op_arg(op);
+        Status st;
+        {
+          py::gil_scoped_release nogil;
+          st = r.rt->allreduce(reinterpret_cast<void*>(comm), reinterpret_cast<void*>(caller_stream),
+                               reinterpret_cast<void*>(engine_stream),
+                               reinterpret_cast<const void*>(src), reinterpret_cast<void*>(dst),
+                               count, dt, o);
+        }
+        if (!st.ok()) raise_status(st, Where{}, "allreduce", -1);
+      }, "comm"_a, "caller_stream"_a, "engine_stream"_a, "src"_a, "dst"_a, "count"_a, "dtype"_a, "op"_a,
+      "Queue dst = op over every rank of src (device pointers, count elements) on the "
+      "engine's stream, fenced by events on the caller's stream; returns at once.");
+}
+
 }  // namespace
 }  // namespace hvs
 
@@ -401,4 +444,5 @@ PYBIND11_MODULE(_native, m) {
   hvs::bind_segment(m);
   hvs::bind_context(m);
   hvs::bind_lane(m);
+  hvs::bind_cuda(m);
 }
