@@ -106,14 +106,17 @@ class ChunkWorker {
 
 }  // namespace
 
-// The leaders' ring over dst, one ring per chunk (`chunk` elements; 0: one ring).
+// The leaders' ring over dst, one ring per chunk (`chunk` elements; 0: one ring).  An
+// empty buffer still runs one ring: its headers check that the leaders agree.
 Status Context::leaders_ring(char* dst, size_t count, size_t elem, ReduceFn fn, size_t chunk) {
   TcpGroup g = tcp_group(leaders_);
   if (!chunk) chunk = std::max<size_t>(count, 1);
-  for (size_t first = 0; first < count; first += chunk) {
-    char* at = dst + first * elem;
-    HVS_CHECK(ring_allreduce(g, at, at, std::min(chunk, count - first), elem, fn));
-  }
+  size_t first = 0;
+  do {
+    const size_t n = std::min(chunk, count - first);
+    HVS_CHECK(ring_allreduce(g, dst + first * elem, dst + first * elem, n, elem, fn));
+    first += n;
+  } while (first < count);
   return Status();
 }
 
