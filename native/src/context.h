@@ -46,7 +46,7 @@ struct ContextOptions {
   bool cma = true;       // this rank agrees to cross-memory attach (all must)
   size_t tcp_chunk = 512 * 1024;
   // hierarchical allreduce from twice this up: pipelined in chunks of this (hier.cc); 0: never
-  size_t hier_chunk = 4 * 1024 * 1024;
+  size_t hier_chunk = 2 * 1024 * 1024;
   bool seal_payload = false;  // every op's TCP payload carries a tag (tcp/mac.h), not only its headers
 };
 

@@ -233,7 +233,7 @@ Status shm_hier_allreduce_cma(ShmGroup& g, const void* src, void* dst, size_t co
   char* out = static_cast<char*>(dst);
   const bool leader = g.me() == 0;
   auto reduce = [&](size_t first, size_t n) -> Status {
-    HVS_CHECK(op.reduce(first, n));  // posts: every slice of the chunk is reduced once it's seen
+    HVS_CHECK(op.reduce(first, n));  // posts once this rank's slice of the chunk is reduced
     if (!leader) return Status();
     HVS_CHECK(op.copy_out(first, n, g.phase()));
     cross.start(first, n);
