@@ -69,6 +69,35 @@ def _params_model(spec):
     return Params()
 
 
+def _step(hvd, spec, mode: str):
+    """One repetition of `mode` (ours-grouped, horovod-hooks, ...) with `hvd`: this project's
+    module or Horovod's, which take the same calls."""
+    import torch
+
+    if mode.endswith("-hooks"):
+        model = _params_model(spec)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                       named_parameters=model.named_parameters())
+
+        def step():
+            opt.zero_grad()
+            model().backward()
+            opt.synchronize()
+            with opt.skip_synchronize():
+                opt.step()
+        return step
+    ts = _tensors(spec)
+    if mode.endswith("-grouped"):
+        return lambda: hvd.grouped_allreduce_(ts, name="grads", op=hvd.Sum)
+    names = [f"t{i}" for i in range(len(ts))]
+
+    def step():
+        hs = [hvd.allreduce_async_(t, name=n, op=hvd.Sum) for t, n in zip(ts, names)]
+        for h in hs:
+            hvd.synchronize(h)
+    return step
+
+
 def _ours_rank(spec, mode: str, keep: bool = False):
     import torch
 
@@ -77,32 +106,8 @@ def _ours_rank(spec, mode: str, keep: bool = False):
     torch.set_num_threads(1)
     hvd.init()
     try:
-        if mode == "ours-hooks":
-            model = _params_model(spec)
-            opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
-                                           named_parameters=model.named_parameters())
-
-            def step():
-                opt.zero_grad()
-                model().backward()
-                opt.synchronize()
-                with opt.skip_synchronize():
-                    opt.step()
-        elif mode == "ours-grouped":
-            ts = _tensors(spec)
-
-            def step():
-                hvd.grouped_allreduce_(ts, name="grads", op=hvd.Sum)
-        else:
-            ts = _tensors(spec)
-            names = [f"t{i}" for i in range(len(ts))]
-
-            def step():
-                hs = [hvd.allreduce_async_(t, name=n, op=hvd.Sum) for t, n in zip(ts, names)]
-                for h in hs:
-                    hvd.synchronize(h)
         cpu: list = []
-        times = timed(step, hvd.barrier, spec["warmup"], spec["reps"], cpu)
+        times = timed(_step(hvd, spec, mode), hvd.barrier, spec["warmup"], spec["reps"], cpu)
         return {"times": times, "cpu": cpu, "metrics": hvd.metrics()}
     finally:
         if not keep:
@@ -182,26 +187,7 @@ def _horovod_rank(spec: dict) -> None:
 
     torch.set_num_threads(1)
     hvd.init()
-    ts = _tensors(spec)
-    names = [f"t{i}" for i in range(len(ts))]
-    model = _params_model(spec)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
-                                   named_parameters=model.named_parameters())
-
-    def step():
-        if spec["mode"] == "horovod-grouped":
-            hvd.grouped_allreduce_(ts, name="grads", op=hvd.Sum)
-        elif spec["mode"] == "horovod-hooks":
-            opt.zero_grad()
-            model().backward()
-            opt.synchronize()
-            with opt.skip_synchronize():
-                opt.step()
-        else:
-            hs = [hvd.allreduce_async_(t, name=n, op=hvd.Sum) for t, n in zip(ts, names)]
-            for h in hs:
-                hvd.synchronize(h)
-
+    step = _step(hvd, spec, spec["mode"])
     cpu: list = []
     times = timed(step, lambda: hvd.allreduce(torch.zeros(1), name="barrier"), spec["warmup"],
                   spec["reps"], cpu)
