@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 import sys
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
@@ -259,8 +260,6 @@ def runtime_candidates(paths: Optional[Sequence[str]] = None) -> Tuple[list, lis
     """(cudart, nccl): the names the CUDA lane tries, then the nvidia-* wheels' libraries
     under `paths` (nvidia/cuda_runtime/lib, nvidia/nccl/lib), as `_native.CudaRuntime` takes
     them: a name must be loaded already, a path is loaded."""
-    import os
-
     cudart, nccl = list(_CUDART_NAMES), list(_NCCL_NAMES)
     for root in sys.path if paths is None else paths:
         for folder, names, out in (("cuda_runtime", _CUDART_NAMES, cudart), ("nccl", _NCCL_NAMES, nccl)):

@@ -8,7 +8,7 @@ namespace hvs {
 namespace {
 
 constexpr unsigned kDisableTiming = 0x02;  // cudaEventDisableTiming: cheaper to record
-constexpr int kAvgSince = 21000;           // ncclAvg and ncclBfloat16: NCCL 2.10
+constexpr int kNccl2_10 = 21000;           // ncclAvg and ncclBfloat16 from here
 
 const char* kCudartHint =
     "the CUDA lane needs the CUDA runtime loaded (import cupy or torch with CUDA first), or "
@@ -96,11 +96,8 @@ Status CudaRuntime::events() {
 Status CudaRuntime::allreduce(void* comm, void* caller_stream, void* engine_stream,
                               const void* src, void* dst, size_t count, DType dt, ReduceOp op) {
   int nccl_dt = 0, nccl_o = 0;
-  HVS_CHECK(nccl_dtype(dt, &nccl_dt));
+  HVS_CHECK(nccl_dtype(dt, nccl_version_, &nccl_dt));
   HVS_CHECK(nccl_op(op, nccl_version_, &nccl_o));
-  if (dt == DType::kBFloat16 && nccl_version_ < kAvgSince)
-    return HVS_ERROR(Code::kNotSupported, "NCCL " + std::to_string(nccl_version_) +
-                                              " reduces no bfloat16 (NCCL 2.10 and later do)");
   if (count == 0) return Status();
   if (!comm) return HVS_ERROR(Code::kInvalid, "the CUDA lane's allreduce got no NCCL communicator");
   if (!src || !dst) return HVS_ERROR(Code::kInvalid, "the CUDA lane's allreduce got a null buffer");
@@ -122,7 +119,10 @@ Status CudaRuntime::allreduce(void* comm, void* caller_stream, void* engine_stre
   return Status();
 }
 
-Status nccl_dtype(DType dt, int* out) {
+Status nccl_dtype(DType dt, int version, int* out) {
+  if (dt == DType::kBFloat16 && version < kNccl2_10)
+    return HVS_ERROR(Code::kNotSupported, "NCCL " + std::to_string(version) +
+                                              " reduces no bfloat16 (NCCL 2.10 and later do)");
   switch (dt) {
     case DType::kInt8: *out = 0; return Status();
     case DType::kUInt8: *out = 1; return Status();
@@ -144,7 +144,7 @@ Status nccl_op(ReduceOp op, int version, int* out) {
     case ReduceOp::kMax: *out = 2; return Status();
     case ReduceOp::kMin: *out = 3; return Status();
     case ReduceOp::kAverage:
-      if (version < kAvgSince)
+      if (version < kNccl2_10)
         return HVS_ERROR(Code::kNotSupported, "NCCL " + std::to_string(version) +
                                                   " has no average (ncclAvg: NCCL 2.10 and later)");
       *out = 4;

@@ -63,9 +63,9 @@ class CudaRuntime {
   const char* (*nccl_error_)(int) = nullptr;
 };
 
-// NCCL's codes for a dtype and a reduce op (`version` as ncclGetVersion's: ncclAvg from
-// 21000 up); kNotSupported for what NCCL cannot reduce (bool, Adasum).
-Status nccl_dtype(DType dt, int* out);
+// NCCL's codes for a dtype and a reduce op (`version` as ncclGetVersion's: ncclBfloat16
+// and ncclAvg from 21000 up); kNotSupported for what NCCL cannot reduce (bool, Adasum).
+Status nccl_dtype(DType dt, int version, int* out);
 Status nccl_op(ReduceOp op, int version, int* out);
 
 }  // namespace hvs
