@@ -1,4 +1,5 @@
-"""Why the GPU tests cannot run here (CuPy, NCCL, a GPU, torch with CUDA), as a skip reason."""
+"""Why the GPU tests cannot run here (CuPy, NCCL, a GPU, torch with CUDA), as a skip reason;
+and the NCCL backend of a world of one, which the single-process GPU tests share."""
 from __future__ import annotations
 
 import functools
@@ -28,3 +29,14 @@ def torch_cuda_skip_reason():
 requires_nccl = pytest.mark.skipif(nccl_skip_reason() is not None, reason=str(nccl_skip_reason()))
 requires_torch_cuda = pytest.mark.skipif(torch_cuda_skip_reason() is not None,
                                          reason=str(torch_cuda_skip_reason()))
+
+
+def one_rank_backend(prefix: str):
+    """An NcclBackend of a world of one on this process's GPU (the caller closes it)."""
+    from collectives.backends.base import Topology
+    from collectives.backends.nccl import NcclBackend
+    from collectives.rendezvous.store import InMemoryStore
+    from collectives.settings import Config
+
+    return NcclBackend.create(InMemoryStore(), Topology(0, 1, ("localhost",)), prefix,
+                              Config(timeout=60.0))

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from _gpu_support import requires_nccl, requires_torch_cuda
+from _gpu_support import one_rank_backend, requires_nccl, requires_torch_cuda
 
-from collectives.settings import Config
 from collectives.types import DType, ReduceOp
 
 pytestmark = [pytest.mark.gpu, requires_nccl, requires_torch_cuda]
@@ -17,12 +16,7 @@ pytestmark = [pytest.mark.gpu, requires_nccl, requires_torch_cuda]
 
 @pytest.fixture(scope="module")
 def backend():
-    from collectives.backends.base import Topology
-    from collectives.backends.nccl import NcclBackend
-    from collectives.rendezvous.store import InMemoryStore
-
-    b = NcclBackend.create(InMemoryStore(), Topology(0, 1, ("localhost",)), "cuda-lane/comm0",
-                           Config(timeout=60.0))
+    b = one_rank_backend("cuda-lane/comm0")
     yield b
     b.close()
 

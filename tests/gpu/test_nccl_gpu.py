@@ -14,9 +14,8 @@ import sys
 import numpy as np
 import pytest
 
-from _gpu_support import requires_nccl, requires_torch_cuda
+from _gpu_support import one_rank_backend, requires_nccl, requires_torch_cuda
 
-from collectives.settings import Config
 from collectives.errors import CollectiveError
 from collectives.types import DType, ReduceOp, numpy_of_dtype
 
@@ -29,12 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 @pytest.fixture(scope="module")
 def backend():
-    from collectives.backends.base import Topology
-    from collectives.backends.nccl import NcclBackend
-    from collectives.rendezvous.store import InMemoryStore
-
-    b = NcclBackend.create(InMemoryStore(), Topology(0, 1, ("localhost",)), "gpu-test/comm0",
-                           Config(timeout=60.0))
+    b = one_rank_backend("gpu-test/comm0")
     yield b
     b.close()
     b.close()  # safe twice
