@@ -81,7 +81,7 @@ def test_every_op_matches_numpy_across_two_fake_hosts(hosts, tuning):
             assert r["pipelined"] == 0, results
 
 
-def _agree_on_cma(refuse: int, cma_bytes: dict):
+def _agree_on_cma(refuse: int, cma_bytes: dict, hier_chunks=None):
     import numpy as np
 
     import collectives
@@ -89,7 +89,8 @@ def _agree_on_cma(refuse: int, cma_bytes: dict):
     from collectives.backends import native
 
     rank = int(__import__("os").environ["HVS_RANK"])
-    native.TUNING.update(cma_bytes=cma_bytes.get(rank, 1), cma_chunk=4096, hier_chunk=8192)
+    native.TUNING.update(cma_bytes=cma_bytes.get(rank, 1), cma_chunk=4096,
+                         hier_chunk=(hier_chunks or {}).get(rank, 8192))
     comm = collectives.init(collectives.Config.create({"shm_cma": rank != refuse}))
     try:
         x = np.arange(10_000, dtype=np.float64) * (rank + 1)
@@ -124,30 +125,12 @@ def test_ranks_that_would_take_different_algorithms_fail_with_a_mismatch():
         assert "mismatch" in r and "disagree" in r["mismatch"], results
 
 
-def _chunked(odd: int):
-    import numpy as np
-
-    import collectives
-    from collectives import MismatchError
-    from collectives.backends import native
-
-    rank = int(__import__("os").environ["HVS_RANK"])
-    native.TUNING.update(cma_bytes=1, hier_chunk=4096 if rank == odd else 8192)
-    comm = collectives.init()
-    try:
-        got = comm.allreduce(np.ones(10_000))
-        return {"ok": bool((got == comm.size).all())}
-    except MismatchError as exc:
-        return {"mismatch": str(exc)}
-    finally:
-        comm.close()
-
-
 @pytest.mark.parametrize("odd", [1, 2], ids=["a-reader", "a-leader"])
 def test_ranks_that_would_cut_the_leaders_ring_differently_fail_with_a_mismatch(odd):
     """A rank whose hier_chunk differs would pair other rings: every rank fails at once,
     the ranks that found it saying both chunkings."""
-    results = run_local(_chunked, 4, args=(odd,), hosts=["a", "a", "b", "b"], timeout=120)
+    results = run_local(_agree_on_cma, 4, args=(-1, {}, {odd: 4096}), hosts=["a", "a", "b", "b"],
+                        timeout=120)
     assert all("mismatch" in r for r in results), results
     assert any("chunks of 512 elements" in r["mismatch"] and "chunks of 1024 elements"
                in r["mismatch"] for r in results), results
