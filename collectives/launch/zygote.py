@@ -9,16 +9,18 @@ runs Spark tasks) with one end of an AF_UNIX SOCK_SEQPACKET socketpair as FD,
 its first *connection*: the kernel guarantees that peer is the owner.  Nothing is
 unpickled: messages are JSON.
 
-A *shared* zygote (``--listen``) also listens on NAME, an abstract AF_UNIX address
-(no file), so that other processes of the same user can connect: each accepted
-connection is authenticated by the kernel's peer credentials (SO_PEERCRED: the
-same uid, or it is closed before a byte is read).  It leaves its starter (a second
-fork), so it outlives it, and lives as long as its *anchor*, the process PID (it
-exits when the anchor does).  It stops listening when a connection asks it to
-*retire* (a newer zygote takes its name), and exits once it has neither listener
-nor connection.
+The owner's first packet is the *token* (32 bytes), which the zygote keeps to prove
+itself to later connections.  A *shared* zygote (``--listen``) also listens on NAME, an
+abstract AF_UNIX address (no file), so that other processes of the same user can
+connect: each accepted connection is checked by the kernel's peer credentials
+(SO_PEERCRED: the same uid, or it is closed before a byte is read), then both ends
+prove they hold the token (`zygote_auth`) before the zygote parses a byte of it; while
+the zygote imports, a thread of its own answers the proofs.  It leaves its starter (a
+second fork), so it outlives it, and lives as long as its *anchor*, the process PID (it
+exits when the anchor does).  It stops listening when a connection asks it to *retire*
+(a newer zygote takes its name), and exits once it has neither listener nor connection.
 
-Protocol (one JSON object per packet, on each connection):
+Protocol (after the token, or the proof; one JSON object per packet, on each connection):
 
   zygote -> owner  {"ready": [imported...], "failed": {module: error}}   first, after the imports
   owner -> zygote  {"spawn": id, "env": {...}, "cwd": path}
@@ -33,7 +35,8 @@ own session (the keeper's pid is its process group), stdin from /dev/null, stdou
 stderr on the owner's pipes, its channel (HVS_CHANNEL names it), a fresh seed for
 `random` and numpy's global generator, torch's thread count from OMP_NUM_THREADS when
 the env sets it.  The zygote answers with the keeper's pid only after it has left the
-zygote's session, so a stop that follows the answer cannot miss it.
+zygote's session, so a stop that follows the answer cannot miss it.  The child wipes its
+copy of the token before anything else: a rank never holds it.
 
 Lifetime: a private zygote dies with the owner's thread that started it
 (PR_SET_PDEATHSIG), a shared one with its anchor, and every child dies with the
@@ -53,6 +56,7 @@ import signal
 import socket
 import struct
 import sys
+import threading
 import time
 import traceback
 from typing import Optional
@@ -61,8 +65,11 @@ from ..settings import ZYGOTE_IDLE_S
 from . import keeper
 from .channel import CHANNEL_VAR
 from .procs import STOP_GRACE_S, die_with_parent
+from .zygote_auth import TOKEN_BYTES, Proof
 
 MAX_PACKET = 1 << 20
+#: Named connections still proving themselves, at most (the oldest is dropped beyond).
+MAX_PENDING = 64
 
 
 def returncode(status: int) -> int:
@@ -71,11 +78,12 @@ def returncode(status: int) -> int:
 
 
 class Zygote:
-    def __init__(self, sock: socket.socket, idle_s: float, greeting: dict,
+    def __init__(self, sock: socket.socket, idle_s: float, token: bytearray,
                  listener: Optional[socket.socket] = None, anchor: Optional[int] = None) -> None:
-        self.idle_s, self.greeting = idle_s, greeting
+        self.idle_s, self.token, self.greeting = idle_s, token, None
         self.listener, self.anchor = listener, anchor  # anchor: a pidfd
         self.conns: dict = {sock: set()}  # connection -> pidfds of the children it asked for
+        self.pending: dict = {}  # named connection -> its Proof, until it is proved
         self.children: dict = {}  # pidfd -> (pid, connection)
         self.last = time.monotonic()
 
@@ -86,27 +94,53 @@ class Zygote:
             pass
 
     # -- the loop ----------------------------------------------------------
-    def serve(self) -> int:
+    def serve(self, greeting: dict) -> int:
+        self.greeting = greeting
         for conn in self.conns:
-            self.send(conn, self.greeting)
+            self.send(conn, greeting)
         while self.conns or self.listener is not None:
-            wait = max(self.idle_s - (time.monotonic() - self.last), 0.0) if not self.children \
+            idle = max(self.idle_s - (time.monotonic() - self.last), 0.0) if not self.children \
                 else None
-            watched = [*self.conns, *self.children, *self._extra()]
-            ready, _, _ = select.select(watched, [], [], wait)
-            if not ready and not self.children:
+            watched = [*self.conns, *self.pending, *self.children, *self._extra()]
+            ready, _, _ = select.select(watched, [], [], self._wait(idle))
+            self.expire()
+            if not ready and not self.children and time.monotonic() - self.last >= self.idle_s:
                 break  # idle for idle_s: give the memory back
             for fd in ready:
                 if fd is self.listener:
                     self.accept()
                 elif isinstance(fd, int) and fd == self.anchor:
                     return self.close()
+                elif fd in self.pending:
+                    self.prove(fd)
                 elif fd in self.conns:
                     self.request(fd)
+                    self.last = time.monotonic()
                 elif fd in self.children:
                     self.reap(fd)
-            self.last = time.monotonic()
+                    self.last = time.monotonic()
         return self.close()
+
+    def admit_while_importing(self, done: threading.Event, wake: int) -> None:
+        """A thread's loop while the main thread imports: accept and prove named connections
+        (their greeting follows the imports), so a task's proof is answered in milliseconds.
+        It ends, and is joined, before the zygote forks anything."""
+        while not done.is_set():
+            watched = [*self.pending, self.listener, wake]
+            ready, _, _ = select.select(watched, [], [], self._wait(None))
+            self.expire()
+            for fd in ready:
+                if fd is self.listener:
+                    self.accept()
+                elif fd in self.pending:
+                    self.prove(fd)
+
+    def _wait(self, idle: Optional[float]) -> Optional[float]:
+        """select's timeout: the idle time left, or the first proof's deadline if sooner."""
+        if not self.pending:
+            return idle
+        due = max(min(p.deadline for p in self.pending.values()) - time.monotonic(), 0.0)
+        return due if idle is None else min(idle, due)
 
     def _extra(self) -> list:
         return [fd for fd in (self.listener, self.anchor) if fd is not None]
@@ -119,8 +153,31 @@ class Zygote:
         if peer_uid(conn) != os.geteuid():  # before a byte is read
             conn.close()
             return
-        self.conns[conn] = set()
-        self.send(conn, self.greeting)
+        if len(self.pending) >= MAX_PENDING:  # a flood of silent connections: drop the oldest
+            oldest = next(iter(self.pending))
+            del self.pending[oldest]
+            oldest.close()
+        self.pending[conn] = Proof(self.token)
+
+    def prove(self, conn: socket.socket) -> None:
+        """One packet of a named connection's proof; proved, it is a connection like the first."""
+        try:
+            proved = self.pending[conn].step(conn)
+        except (OSError, ValueError):  # not the session's: closed, nothing parsed
+            del self.pending[conn]
+            conn.close()
+            return
+        if proved:
+            del self.pending[conn]
+            self.conns[conn] = set()
+            if self.greeting is not None:
+                self.send(conn, self.greeting)
+
+    def expire(self) -> None:
+        now = time.monotonic()
+        for conn in [c for c, p in self.pending.items() if p.deadline <= now]:
+            del self.pending[conn]
+            conn.close()
 
     def request(self, conn: socket.socket) -> None:
         try:
@@ -158,6 +215,7 @@ class Zygote:
         pid = os.fork()
         if pid == 0:  # the child never returns
             os.close(sync_r)
+            self.token[:] = bytes(len(self.token))  # a rank never holds the session's token
             _child(msg["env"], msg.get("cwd"), fds, sync_w, self.zygote_fds())
         os.close(sync_w)
         try:
@@ -177,7 +235,7 @@ class Zygote:
         self.send(conn, {"spawn": msg["spawn"], "pid": pid})
 
     def zygote_fds(self) -> list:
-        return [*(c.fileno() for c in self.conns), *self.children,
+        return [*(c.fileno() for c in (*self.conns, *self.pending)), *self.children,
                 *(fd if isinstance(fd, int) else fd.fileno() for fd in self._extra())]
 
     def reap(self, pidfd: int) -> None:
@@ -325,22 +383,56 @@ def main(argv=None) -> int:
     except (AttributeError, OSError) as exc:
         sock.send(json.dumps({"unsupported": f"pidfd_open: {exc}"}).encode())
         return 0
+    token = _read_token(sock)
+    if token is None:
+        return 0  # not started by an owner that holds a token: serve nobody
     if name is not None:
         _leave_starter()
     # before the imports, so a job that comes meanwhile waits for them rather than start
     # cold; taken (a retired zygote has not let go yet): again after them, else it stays private
-    listener = _listen(name) if name is not None else None
+    zygote = Zygote(sock, idle_s, token, _listen(name) if name is not None else None, anchor_fd)
+    imported, failed = _imports(zygote, argv)
+    if name is not None and zygote.listener is None:
+        zygote.listener = _listen(name)
+    return zygote.serve({"ready": imported, "failed": failed})
+
+
+def _read_token(sock: socket.socket) -> Optional[bytearray]:
+    """The owner's first packet: the token named connections must prove they hold."""
+    sock.settimeout(30.0)
+    try:
+        token = bytearray(sock.recv(TOKEN_BYTES + 1))
+    except OSError:
+        return None
+    finally:
+        sock.settimeout(None)
+    return token if len(token) == TOKEN_BYTES else None
+
+
+def _imports(zygote: Zygote, modules: list):
+    """Import `modules` while a thread admits named connections; (imported, failed)."""
     imported, failed = [], {}
-    for module in argv:
-        try:
-            importlib.import_module(module)
-            imported.append(module)
-        except BaseException as exc:  # a broken module: the children import it themselves
-            failed[module] = f"{type(exc).__name__}: {exc}"
-    if name is not None and listener is None:
-        listener = _listen(name)
-    return Zygote(sock, idle_s, {"ready": imported, "failed": failed}, listener,
-                  anchor_fd).serve()
+    done, (wake_r, wake_w) = threading.Event(), os.pipe()
+    admitter = None
+    if zygote.listener is not None and modules:
+        admitter = threading.Thread(target=zygote.admit_while_importing, args=(done, wake_r),
+                                    name="hvs-zygote-admit", daemon=True)
+        admitter.start()
+    try:
+        for module in modules:
+            try:
+                importlib.import_module(module)
+                imported.append(module)
+            except BaseException as exc:  # a broken module: the children import it themselves
+                failed[module] = f"{type(exc).__name__}: {exc}"
+    finally:
+        done.set()
+        os.write(wake_w, b"x")
+        if admitter is not None:
+            admitter.join()  # no thread of ours is left when the zygote forks
+        os.close(wake_r)
+        os.close(wake_w)
+    return imported, failed
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from .quiet import failure_logs_off
 from ..settings import DriverSettings
 from .watch import Watch
 from .task import TaskSpec, run_task
+from .warm import session_token
 from .._c10d_autoload import Armed
 from ..progress import ENABLED as _PROGRESS_ENV
 from ..progress import Tracked
@@ -172,7 +173,7 @@ class BarrierJob:
                 raise
         fields = dict(env=opts.env, show_output=opts.show_output, rank0_only=opts.rank0_only,
                       executable=opts.executable, warm=opts.settings.warm_start,
-                      torch_layout=opts.torch_layout)
+                      torch_layout=opts.torch_layout, zygote_token=session_token())
         fields.update(spec_fields)
         spec = TaskSpec(job=job, secret=self.secret, task_key=self.task_key, payload=payload,
                         log_address=server.address if server else None,

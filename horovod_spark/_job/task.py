@@ -76,6 +76,8 @@ class TaskSpec:
     warm: bool = True             # fork the rank from the executor's zygote when it has one
     job_store: Optional[str] = None  # host:port of the driver's job store (None: allGather)
     torch_layout: str = "hosts"   # torchrun's variables: a node per host, or per task
+    zygote_token: bytes = b""     # the session's token its zygotes prove (warm.session_token);
+                                  # none: no warm start
 
 
 #: Seconds a GPU task waits for the other tasks of its host to publish their GPUs.
@@ -176,10 +178,11 @@ class RankProcess:
                                 list(gpus.addresses), GPU_EXCHANGE_TIMEOUT)
         self.env = env = child_env(self.spec, self.renv, visible)
         env.update(self.torchrun_environ())
-        self.warm = self.warm and gpus is None and WARM_START.read(env)  # the task's edge
+        self.warm = (self.warm and gpus is None and bool(self.spec.zygote_token)
+                     and WARM_START.read(env))  # the task's edge
         if self.warm:
             env["HVS_WARM_REPORT"] = ",".join(warm.REPORT)
-            self.child = warm.spawn(executable, env, self.channel.rank_fd)
+            self.child = self._forked(executable, env)
         if self.child is None:
             self.child = subprocess.Popen(
                 kept([executable, "-m", "collectives.launch.worker"]),
@@ -192,6 +195,24 @@ class RankProcess:
                                  args=(pipe, functools.partial(self._line, stream), split_lines))
             t.start()
             self._pumps.append(t)
+
+    def _forked(self, executable: str, env: dict):
+        """The rank forked from the executor's zygote, or None; where it was not, the fresh
+        start gets a fresh channel (a zygote that went silent may hold the rank end)."""
+        from . import warm
+
+        try:
+            child = warm.spawn(executable, env, self.channel.rank_fd, self.spec.zygote_token)
+        except warm.ZygoteUntrusted as exc:
+            child = None
+            note = (f"horovod_spark: warning: rank {self.rank}: {exc}; nothing was handed to "
+                    f"it, the rank starts fresh")
+            self.tail.append(f"[{self.rank}]<stderr>:{note}")  # in its failure, if it fails
+            self.log.line("cb", note)
+        if child is None:
+            self.channel.close()
+            self.channel = LauncherEnd(self.spec.secret, self.spec.payload)
+        return child
 
     def torchrun_environ(self) -> dict:
         """torchrun's variables (see `collectives.launch.torchrun`): MASTER_ADDR is rank 0's
@@ -291,7 +312,8 @@ class RankProcess:
         from . import warm
 
         imported = report.decode("ascii", "replace").split(",")
-        warm.learn(self.spec.executable or sys.executable, self.env, imported)
+        warm.learn(self.spec.executable or sys.executable, self.env, imported,
+                   self.spec.zygote_token)
 
 
 def run_task(spec: TaskSpec, _partition: Iterator

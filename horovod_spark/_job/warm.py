@@ -11,13 +11,19 @@ and starts in milliseconds.
 The zygote is the executor's, not the Python worker's: Spark stops Python workers
 idle for a minute, and a DataFrame stage's Arrow workers are not the RDD stage's.
 A *shared* zygote listens on an abstract AF_UNIX name made of the uid, the worker's
-parent (the *anchor*: the executor's Python daemon) and the key, and lives as long
-as the anchor; a later worker connects to it by that name.
+parent (the *anchor*: the executor's Python daemon), the key and the session's token's
+public digest, and lives as long as the anchor; a later worker connects to it by that
+name and, before it hands it a byte or a descriptor of a job, has it prove that it holds
+the session's *token* (`collectives.launch.zygote_auth`): 32 random bytes the driver
+makes once per process and sends in the task spec, never in an environment.  A holder
+of the name that fails the proof or stays silent (a process of the same user that killed
+the zygote and bound its name) gets nothing: the task starts its rank fresh, on a fresh
+channel, and says so on the driver.
 
 Terms.  An *owner* is this module in a Python worker, holding one connection to a
-zygote: the private socketpair of the zygote it started, or one accepted on the
-zygote's name after the kernel vouched for the same uid at both ends (see
-`collectives.launch.zygote`).
+zygote: the private socketpair of the zygote it started (its first packet is the
+token), or one accepted on the zygote's name after the kernel vouched for the same uid
+at both ends and the zygote proved it holds the token (see `collectives.launch.zygote`).
 The zygote's *key* is its interpreter and the rank environment without the
 per-job variables (HVS_*, HOROVOD_RANK..., torchrun's): a job whose environment differs
 (another PYTHONPATH, OMP_NUM_THREADS, a user variable) starts its ranks
@@ -54,8 +60,10 @@ from typing import Mapping, Optional, Tuple
 from collectives.launch import torchrun
 from collectives.launch.procs import die_with_parent
 from collectives.launch.zygote import MAX_PACKET, peer_uid
+from collectives.launch.zygote_auth import ZygoteUntrusted, prove_to_zygote, token_digest
 
-__all__ = ["spawn", "learn", "shutdown", "WarmChild", "REPORT"]
+__all__ = ["spawn", "learn", "shutdown", "session_token", "WarmChild", "ZygoteUntrusted",
+           "REPORT"]
 
 log = logging.getLogger("horovod_spark.warm")
 
@@ -75,6 +83,20 @@ ANSWER_TIMEOUT_S = 30.0
 
 _lock = threading.Lock()
 _zygote: Optional["_Owner"] = None
+_token: Optional[bytes] = None
+#: Names whose holder failed its proof in this worker: not asked again (it holds the name
+#: until it exits; this worker's next zygote is its own).
+_untrusted: set = set()
+
+
+def session_token() -> bytes:
+    """The driver's token for the zygotes of its jobs' tasks: made once per driver process
+    (its Spark session), sent in every task spec."""
+    global _token
+    with _lock:
+        if _token is None:
+            _token = os.urandom(32)
+        return _token
 
 
 def zygote_env(env: Mapping[str, str]) -> dict:
@@ -87,10 +109,11 @@ def _key(executable: str, env: Mapping[str, str]) -> tuple:
     return (executable, tuple(sorted(zygote_env(env).items())))
 
 
-def address(key: tuple, anchor: int) -> str:
-    """The abstract AF_UNIX name of the shared zygote of `key` under `anchor`."""
+def address(key: tuple, anchor: int, token: bytes) -> str:
+    """The abstract AF_UNIX name of the shared zygote of `key` under `anchor` for the session
+    of `token` (another session's zygotes have other names)."""
     digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:32]
-    return f"horovod-spark-zygote-{os.geteuid()}-{anchor}-{digest}"
+    return f"horovod-spark-zygote-{os.geteuid()}-{anchor}-{token_digest(token)}-{digest}"
 
 
 class WarmChild:
@@ -119,12 +142,12 @@ class WarmChild:
 class _Owner:
     """One zygote: started on its own thread, which then reads its messages until it ends."""
 
-    def __init__(self, executable: str, env: Mapping[str, str], modules: list,
+    def __init__(self, executable: str, env: Mapping[str, str], modules: list, token: bytes,
                  listen: Optional[Tuple[str, int]] = None,
                  sock: Optional[socket.socket] = None) -> None:
         """Start a zygote (private, or shared with listen=(name, anchor)), or own the
-        connection `sock` to a shared one."""
-        self.key, self.modules = _key(executable, env), list(modules)
+        connection `sock` to a shared one, which has proved it holds `token`."""
+        self.key, self.modules, self.token = _key(executable, env), list(modules), token
         self.attached = sock is not None  # to another worker's zygote
         self.ready = threading.Event()
         self.dead: Optional[str] = None
@@ -159,6 +182,7 @@ class _Owner:
                     preexec_fn=None if listen else die_with_parent)
             finally:
                 theirs.close()
+            self.sock.send(self.token)  # its first packet: what it proves itself with
         except Exception as exc:  # cannot start
             self._die(f"{type(exc).__name__}: {exc}")
             return False
@@ -248,9 +272,11 @@ class _Owner:
         if not isinstance(answer, WarmChild):
             os.close(out_r)
             os.close(err_r)
-            log.info("no warm start (%s); starting the rank process fresh", answer or self.dead)
-            if answer is None:  # no answer in time: do not trust this zygote again
+            if answer is None and self.dead is None:  # silent: do not trust this zygote again
                 self.close()
+                raise ZygoteUntrusted(f"the executor's zygote did not answer a spawn request "
+                                      f"in {ANSWER_TIMEOUT_S:g} s")
+            log.info("no warm start (%s); starting the rank process fresh", answer or self.dead)
             return None
         answer.stdout, answer.stderr = os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb")
         return answer
@@ -276,27 +302,37 @@ class _Owner:
         self.close()
 
 
-def _attach(key: tuple, anchor: int) -> Optional[_Owner]:
-    """An owner connected to the shared zygote of `key` under `anchor`, or None."""
+def _attach(key: tuple, anchor: int, token: bytes) -> Optional[_Owner]:
+    """An owner connected to the shared zygote of `key` under `anchor`, or None where none
+    listens; ZygoteUntrusted where the name's holder does not prove it holds `token`."""
+    name = address(key, anchor, token)
+    if name in _untrusted:
+        return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        sock.connect("\0" + address(key, anchor))
+        sock.connect("\0" + name)
         if peer_uid(sock) != os.geteuid():  # someone else took the name: not ours
             raise PermissionError("the zygote's name is held by another user")
     except OSError:
         sock.close()
         return None
-    return _Owner(key[0], dict(key[1]), [], sock=sock)  # it greets once its imports are done
+    try:
+        prove_to_zygote(sock, token)  # before a byte or a descriptor of a job passes
+    except ZygoteUntrusted:
+        sock.close()
+        _untrusted.add(name)
+        raise
+    return _Owner(key[0], dict(key[1]), [], token, sock=sock)  # it greets after its imports
 
 
-def _current(key: tuple) -> Optional[_Owner]:
-    """This worker's owner of `key`'s zygote, connecting to the shared one if need be
-    (called with _lock held)."""
+def _current(key: tuple, token: bytes) -> Optional[_Owner]:
+    """This worker's owner of `key`'s zygote for `token`'s session, connecting to the shared
+    one if need be (called with _lock held)."""
     global _zygote
     owner = _zygote
-    if owner is not None and owner.dead is None and owner.key == key:
+    if owner is not None and owner.dead is None and owner.key == key and owner.token == token:
         return owner
-    named = _attach(key, os.getppid())
+    named = _attach(key, os.getppid(), token)
     if named is not None:
         if owner is not None:
             owner.close()
@@ -304,17 +340,20 @@ def _current(key: tuple) -> Optional[_Owner]:
     return named
 
 
-def spawn(executable: str, env: Mapping[str, str], channel: int) -> Optional[WarmChild]:
-    """A rank process forked from the executor's zygote of the same key, or None; `channel`
-    is the rank end of its channel (the zygote hands it to the rank)."""
+def spawn(executable: str, env: Mapping[str, str], channel: int,
+          token: bytes) -> Optional[WarmChild]:
+    """A rank process forked from the executor's zygote of the same key and session, or None;
+    `channel` is the rank end of its channel (the zygote hands it to the rank).  Raises
+    ZygoteUntrusted where the zygote's name is held by a process that is not the session's
+    zygote, or the zygote went silent: the caller starts fresh, on a fresh channel."""
     with _lock:
-        owner = _current(_key(executable, env))
+        owner = _current(_key(executable, env), token)
     if owner is None:
         return None
     return owner.spawn(env, os.getcwd(), channel)
 
 
-def learn(executable: str, env: Mapping[str, str], imported: list) -> None:
+def learn(executable: str, env: Mapping[str, str], imported: list, token: bytes) -> None:
     """After a rank succeeded: keep a zygote that preloads what it imported (background)."""
     global _zygote
     modules = [m for m in REPORT if m in imported]
@@ -322,7 +361,11 @@ def learn(executable: str, env: Mapping[str, str], imported: list) -> None:
         return
     key = _key(executable, env)
     with _lock:
-        owner = _current(key)
+        try:
+            owner = _current(key, token)
+        except ZygoteUntrusted as exc:  # its name is taken: the new one stays this worker's
+            log.warning("%s; the next zygote is this worker's alone", exc)
+            owner = None
         if owner is not None and owner.attached and not owner.ready.is_set():
             return  # another worker's zygote of this key is importing: leave it be
         if owner is not None and set(modules) <= set(owner.modules):
@@ -332,8 +375,8 @@ def learn(executable: str, env: Mapping[str, str], imported: list) -> None:
             owner.retire()
         elif _zygote is not None:  # another key's: let go of it (others may use it)
             _zygote.close()
-        _zygote = _Owner(executable, env, modules, listen=(address(key, os.getppid()),
-                                                           os.getppid()))
+        _zygote = _Owner(executable, env, modules, token,
+                         listen=(address(key, os.getppid(), token), os.getppid()))
 
 
 def shutdown() -> None:

@@ -6,6 +6,7 @@ ranks fresh, the next ones fork them (horovod_spark._job.warm).
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -234,3 +235,74 @@ def test_a_killed_driver_leaves_no_zygote_and_no_forked_rank(tmp_path):
             os.killpg(proc.pid, 9)
         except ProcessLookupError:
             pass
+
+
+def zygote_names() -> set:
+    """The abstract names zygotes listen on, as any process of the user reads them."""
+    with open("/proc/net/unix") as f:
+        return {line.split()[-1][1:] for line in f
+                if line.split()[-1].startswith("@horovod-spark-zygote-")}
+
+
+def every_zygote() -> list:
+    """Every zygote process of this user: the one listening on a name, and those a worker
+    started while the name was taken (no other process can reach them)."""
+    return [proc for proc in psutil.process_iter(["cmdline"])
+            if "collectives.launch.zygote" in " ".join(proc.info["cmdline"] or [])]
+
+
+@pytest.mark.parametrize("mode,text", [("answer", "failed the proof"),
+                                       ("silent", "gave no proof in 5 s")])
+def test_a_process_that_took_the_zygotes_name_gets_nothing_and_the_job_starts_fresh(
+        spark, tmp_path, capfd, mode, text):
+    """The attack: kill the executor's zygote, bind its name, answer as the zygote did (or
+    not at all). The job's ranks start fresh within seconds; the impostor gets no secret,
+    no function and no channel, and the driver says who held the name."""
+    from _zygote_impostor import __file__ as impostor_py
+
+    key = new_key()
+    before = zygote_names()
+    horovod_spark.run(probe, num_proc=2, env=key)  # leaves the executor a zygote of this key
+    names, stable_since, deadline = set(), time.monotonic(), time.monotonic() + 30
+    while time.monotonic() < deadline and not (names and time.monotonic() - stable_since > 2):
+        now = zygote_names() - before  # every task's zygote has bound its name, or given up
+        names, stable_since = (now, time.monotonic()) if now != names else (names, stable_since)
+        time.sleep(0.05)
+    assert names, "the first job left no zygote listening"
+    # the attacker kills them all (a task's zygote may still be starting: until none is seen)
+    quiet_since, deadline = time.monotonic(), time.monotonic() + 20
+    while time.monotonic() - quiet_since < 1.5 and time.monotonic() < deadline:
+        zygotes = every_zygote()
+        for zygote in zygotes:
+            zygote.kill()
+        assert alive_after([z.pid for z in zygotes]) == []
+        quiet_since = time.monotonic() if zygotes else quiet_since
+        time.sleep(0.1)
+    impostors = []
+    try:
+        for i, name in enumerate(sorted(names)):
+            impostors.append(subprocess.Popen(
+                [sys.executable, impostor_py, name, mode, str(tmp_path / f"record{i}")],
+                stdout=subprocess.PIPE, text=True))
+            assert impostors[-1].stdout.readline() == "bound\n"
+        capfd.readouterr()
+        t0 = time.monotonic()
+        ranks = horovod_spark.run(probe, num_proc=2, env=key)
+        took = time.monotonic() - t0
+        assert [r["forked"] for r in ranks] == [False, False]
+        assert [r["total"] for r in ranks] == [3.0, 3.0]  # the ranks' own result, not a forgery
+        assert took < 60, f"the fresh start took {took:.0f} s"
+        received = [json.loads(line) for i in range(len(names))
+                    if (tmp_path / f"record{i}").exists()
+                    for line in (tmp_path / f"record{i}").read_text().splitlines()]
+        assert received, "no task asked the impostor"
+        assert all(len(bytes.fromhex(p["data"])) == 36 and p["fds"] == 0 and not p["channel"]
+                   for p in received), received  # hellos only: no descriptor, no job byte
+        out = capfd.readouterr()
+        said = out.out + out.err
+        assert text in said and "the rank starts fresh" in said
+        assert any(f"process {imp.pid}" in said for imp in impostors)
+    finally:
+        for imp in impostors:
+            imp.kill()
+            imp.wait(timeout=10)

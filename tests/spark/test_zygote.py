@@ -8,6 +8,7 @@ runs the same path under barrier tasks.
 from __future__ import annotations
 
 import json
+import socket
 import os
 import signal
 import subprocess
@@ -30,6 +31,7 @@ from horovod_spark._job import warm
 pytestmark = pytest.mark.timeout(120)
 
 SECRET = b"z" * 32
+TOKEN = b"t" * 32  # the session's token its zygotes prove (warm.session_token)
 JOB = "zygote-test/a0"
 
 
@@ -43,7 +45,7 @@ def store():
 @pytest.fixture
 def owner():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    own = warm._Owner(sys.executable, env, ["numpy"])
+    own = warm._Owner(sys.executable, env, ["numpy"], TOKEN)
     yield own, env
     own.close()
     if own.proc is not None:
@@ -166,7 +168,7 @@ OWNER_SCRIPT = textwrap.dedent("""
         import time
         time.sleep(600)
     channel = LauncherEnd(b"z" * 32, cloudpickle.dumps((sleep, (), {})))
-    own = warm._Owner(sys.executable, dict(os.environ), ["numpy"])
+    own = warm._Owner(sys.executable, dict(os.environ), ["numpy"], b"t" * 32)
     child = own.spawn(dict(os.environ, **renv.to_environ()), os.getcwd(), channel.rank_fd)
     channel.started()
     print(own.proc.pid, child.pid, flush=True)
@@ -193,7 +195,7 @@ ANCHOR_SCRIPT = textwrap.dedent("""
     from horovod_spark._job import warm
     env = json.loads(sys.argv[1])
     if os.fork() == 0:  # a worker: it starts the shared zygote, waits for it, and is gone
-        warm.learn(sys.executable, env, ["pyarrow"])
+        warm.learn(sys.executable, env, ["pyarrow"], b"t" * 32)
         warm._zygote.ready.wait(60)
         os._exit(0)
     os.wait()
@@ -210,10 +212,13 @@ def test_a_shared_zygote_outlives_its_starter_serves_the_next_owner_and_dies_wit
     own = None
     try:
         assert anchor.stdout.readline() == "ready\n"
-        own = warm._attach(warm._key(sys.executable, env), anchor.pid)
+        own = warm._attach(warm._key(sys.executable, env), anchor.pid, TOKEN)
         assert own is not None, "no zygote listens under its anchor after its starter exited"
         assert own.ready.wait(30) and own.modules == ["pyarrow"]
-        assert warm._attach(warm._key(sys.executable, dict(env, OTHER="1")), anchor.pid) is None
+        assert warm._attach(warm._key(sys.executable, dict(env, OTHER="1")), anchor.pid,
+                            TOKEN) is None
+        other_session = b"o" * 32
+        assert warm._attach(warm._key(sys.executable, env), anchor.pid, other_session) is None
         child = _spawn(own, _rank_env(env, store), _facts, store, "shared")
         assert child.wait(timeout=30) == 0, child.stderr.read().decode()
         zygote = _result(child).value()["keeper_parent"]
@@ -221,7 +226,7 @@ def test_a_shared_zygote_outlives_its_starter_serves_the_next_owner_and_dies_wit
         asleep = _spawn(own, _rank_env(env, store), _sleep, store)
         own.close()  # an owner that lets go (a killed worker) takes its ranks, not the zygote
         assert alive_after([asleep.pid]) == []
-        own = warm._attach(warm._key(sys.executable, env), anchor.pid)
+        own = warm._attach(warm._key(sys.executable, env), anchor.pid, TOKEN)
         assert own is not None and psutil.Process(zygote).is_running()
         asleep = _spawn(own, _rank_env(env, store), _sleep, store)
         anchor.kill()
@@ -237,7 +242,7 @@ def test_a_shared_zygote_outlives_its_starter_serves_the_next_owner_and_dies_wit
 def test_an_idle_zygote_exits_by_itself(store):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
                HOROVOD_SPARK_ZYGOTE_IDLE_S="0.5")
-    own = warm._Owner(sys.executable, env, [])
+    own = warm._Owner(sys.executable, env, [], TOKEN)
     try:
         assert own.ready.wait(30)
         assert own.proc.wait(timeout=20) == 0
@@ -255,18 +260,129 @@ def test_learn_keeps_a_zygote_only_for_heavy_fork_safe_modules():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
                HOROVOD_SPARK_ZYGOTE_IDLE_S="2")
     try:
-        warm.learn(sys.executable, env, ["numpy", "tensorflow", "keras"])
+        warm.learn(sys.executable, env, ["numpy", "tensorflow", "keras"], TOKEN)
         assert warm._zygote is None  # numpy is cheap; TensorFlow and Keras are never preloaded
-        warm.learn(sys.executable, env, ["numpy", "pyarrow", "tensorflow"])
+        warm.learn(sys.executable, env, ["numpy", "pyarrow", "tensorflow"], TOKEN)
         first = warm._zygote
         assert first is not None and first.modules == ["numpy", "pyarrow"]
-        warm.learn(sys.executable, dict(env, HVS_RANK="1", HVS_SECRET="00"), ["pyarrow"])
+        warm.learn(sys.executable, dict(env, HVS_RANK="1", HVS_SECRET="00"), ["pyarrow"], TOKEN)
         assert warm._zygote is first  # same key (per-job variables aside), nothing new
-        warm.learn(sys.executable, env, ["pandas"])
+        warm.learn(sys.executable, env, ["pandas"], TOKEN)
         assert warm._zygote is not first and first.dead is not None
         assert warm._zygote.modules == ["numpy", "pyarrow", "pandas"]  # the union, in order
-        warm.learn(sys.executable, dict(env, WARM_TEST_KEY="other"), ["pyarrow"])
+        warm.learn(sys.executable, dict(env, WARM_TEST_KEY="other"), ["pyarrow"], TOKEN)
         assert warm._zygote.modules == ["pyarrow"]  # another key: a zygote of its own
     finally:
         warm.shutdown()
     assert warm._zygote is None
+
+
+IMPOSTOR = os.path.join(os.path.dirname(__file__), "_zygote_impostor.py")
+
+
+def start_impostor(name: str, mode: str, record, relay: str = "") -> subprocess.Popen:
+    """A process of this user holding the zygote's `name` (see _zygote_impostor.py)."""
+    proc = subprocess.Popen([sys.executable, IMPOSTOR, name, mode, str(record), relay],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "bound\n", "the impostor could not bind the name"
+    return proc
+
+
+def packets(record) -> list:
+    """What the impostor received: (bytes, descriptors, what it read from a channel)."""
+    if not record.exists():
+        return []
+    return [(bytes.fromhex(p["data"]), p["fds"], bytes.fromhex(p["channel"]))
+            for p in map(json.loads, record.read_text().splitlines())]
+
+
+@pytest.mark.parametrize("mode,text", [
+    ("answer", "failed the proof"),    # the attack as it was: greets, as the old zygote did
+    ("garbage", "failed the proof"),   # a guess at the proof
+    ("relay", "failed the proof"),     # passes the proof on to a real zygote of the session
+    ("silent", "gave no proof in 5 s"),
+])
+def test_a_process_holding_the_zygote_name_gets_no_byte_or_descriptor_of_a_job(
+        tmp_path, mode, text):
+    from collectives.launch.zygote_auth import PROOF_TIMEOUT_S
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    key, record = warm._key(sys.executable, env), tmp_path / "record"
+    real = relay = None
+    if mode == "relay":  # a real zygote of the session, on a name the impostor knows
+        relay = f"hvs-test-real-zygote-{os.getpid()}-{time.monotonic_ns()}"
+        real = warm._Owner(sys.executable, env, [], TOKEN, listen=(relay, os.getpid()))
+        assert real.ready.wait(30)
+    impostor = start_impostor(warm.address(key, os.getpid(), TOKEN), mode, record, relay or "")
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(warm.ZygoteUntrusted, match=text) as info:
+            warm._attach(key, os.getpid(), TOKEN)
+        assert time.monotonic() - t0 < PROOF_TIMEOUT_S + 3
+        assert f"process {impostor.pid}" in str(info.value)  # the name's holder, named
+        deadline = time.monotonic() + 10  # the impostor writes down what it got
+        while not packets(record) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)  # anything after the hello would be written by now
+        got = packets(record)
+        assert [len(data) for data, _, _ in got] == [36], got  # our hello, nothing after it
+        assert all(fds == 0 and channel == b"" for _, fds, channel in got)
+        assert TOKEN not in got[0][0]
+        # the name is not asked again in this process: no second hello, no wait
+        t0 = time.monotonic()
+        assert warm._attach(key, os.getpid(), TOKEN) is None
+        assert time.monotonic() - t0 < 1 and len(packets(record)) == 1
+    finally:
+        warm._untrusted.clear()
+        impostor.kill()
+        impostor.wait(timeout=10)
+        if real is not None:
+            real.retire()
+            assert real.proc.wait(timeout=20) == 0
+
+
+def test_a_zygote_refuses_a_connection_that_does_not_hold_the_token(store):
+    # the other direction: a process of this user that connects and guesses gets no greeting
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    name = f"hvs-test-zygote-{os.getpid()}-{time.monotonic_ns()}"
+    own = warm._Owner(sys.executable, env, [], TOKEN, listen=(name, os.getpid()))
+    try:
+        assert own.ready.wait(30)
+        for guess in (b"{\"spawn\": 1}", b"HVZ1" + b"n" * 32):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            sock.connect("\0" + name)
+            sock.settimeout(10)
+            sock.send(guess)
+            if guess.startswith(b"HVZ1"):  # it answers a hello; the wrong tag ends the talk
+                assert len(sock.recv(128)) == 64
+                sock.send(b"x" * 32)
+            assert sock.recv(128) == b"", "the zygote said more to a peer without the token"
+            sock.close()
+        proved = warm._attach(warm._key(sys.executable, env), os.getpid(), TOKEN)
+        assert proved is None  # another name: the test's zygote listens on `name`
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        sock.connect("\0" + name)
+        from collectives.launch.zygote_auth import prove_to_zygote
+        prove_to_zygote(sock, TOKEN)
+        sock.settimeout(10)
+        assert json.loads(sock.recv(1 << 16))["ready"] == []  # proved: greeted
+        sock.close()
+    finally:
+        own.retire()
+        assert own.proc.wait(timeout=20) == 0
+
+
+def test_a_forked_rank_holds_no_copy_of_the_token(owner, store):
+    own, env = owner
+    child = _spawn(own, _rank_env(env, store), _zygote_tokens, store)
+    assert child.wait(timeout=30) == 0, child.stderr.read().decode()
+    tokens = _result(child).value()
+    assert tokens, "the forked rank has no copy of the zygote's state to look at"
+    assert all(t == bytes(32) for t in tokens), "the rank inherited the session's token"
+
+
+def _zygote_tokens():
+    """The tokens of the zygote objects this process inherited by its fork."""
+    import gc
+    # the zygote runs as `python -m collectives.launch.zygote`: its class is __main__'s
+    return [bytes(o.token) for o in gc.get_objects() if type(o).__name__ == "Zygote"]
