@@ -6,8 +6,10 @@ master) logs that message at ERROR with a JVM stack, and TaskSetManager at WARN,
 user's notebook above the one JobFailedError that names the rank and shows its
 traceback.  The embedded session configures both loggers off when it starts; a session
 the user made has them off while a job runs and for LINGER_S after (a task of the
-barrier stage that was still winding down logs its failure then), then back at the
-levels they had.
+barrier stage that was still winding down logs its failure then), then back as they
+were: a logger that had a level of its own gets it back, and one that inherited its
+level (the usual case) inherits it again: its configuration made for the job is removed,
+so Spark's console filter and a later `setLogLevel` treat it as before.
 """
 from __future__ import annotations
 
@@ -24,12 +26,20 @@ _state = {"jobs": 0, "saved": {}}  # jobs running now; the levels their first on
 
 
 def _set_levels(sc, levels: dict) -> dict:
-    """Set each logger's level (a name, e.g. "OFF"); returns the levels they had."""
+    """Set each logger's level (a name, e.g. "OFF"; None: inherit, its own configuration
+    removed); returns what they had, in the same terms."""
     log4j = sc._jvm.org.apache.logging.log4j
+    context = log4j.core.LoggerContext.getContext(False)
+    config = context.getConfiguration()
     before = {}
     for name, level in levels.items():
-        before[name] = str(log4j.LogManager.getLogger(name).getLevel())
-        log4j.core.config.Configurator.setLevel(name, log4j.Level.toLevel(level))
+        own = config.getLoggerConfig(name)
+        before[name] = str(own.getLevel()) if own.getName() == name else None
+        if level is None:
+            config.removeLogger(name)
+        else:
+            log4j.core.config.Configurator.setLevel(name, log4j.Level.toLevel(level))
+    context.updateLoggers()
     return before
 
 
