@@ -24,6 +24,7 @@ from horovod_spark._job import to_arrow
 from horovod_spark.estimator.data import ColumnSpec, batch_from_table, column_specs, prepare
 
 __all__ = ["checked_specs", "sample_batch", "resolve_num_proc", "require", "label_problem",
+           "label_forms", "label_refused", "class_problem", "index_like", "INDEX", "VALUES",
            "warn_ignored", "keep_best", "refuse_finished"]
 
 SAMPLE_ROWS = 16
@@ -90,29 +91,85 @@ def resolve_num_proc(spark, num_proc: Optional[int]) -> int:
     return n
 
 
-def is_class_index(label: np.ndarray, out_shape: Sequence[int]) -> bool:
-    """An integer label, one per row, next to an output of one axis of several values."""
-    return label.dtype.kind in "iu" and label.ndim == 1 and len(out_shape) == 2 and \
-        int(out_shape[1]) > 1
+#: How a label column's batch reaches the loss, chosen on the driver by the dry run and used
+#: alike on every rank: INDEX, class indices (int64), one per row or one per position of the
+#: output's axes beside its class axis; VALUES, float32, in the output's shape where it has
+#: as many values per row (one-hot rows, regression targets), else as the column holds it.
+INDEX, VALUES = "index", "values"
+
+
+def _integral(label: np.ndarray) -> bool:
+    if label.dtype.kind in "iub":
+        return True
+    return label.dtype.kind == "f" and bool(np.all(np.isfinite(label))) and \
+        bool(np.all(np.mod(label, 1) == 0))
+
+
+def _class_axis(per_row: Sequence[int], class_axis: int) -> Optional[int]:
+    """The index of the class axis in a per-row shape, or None where there is none."""
+    if not per_row:
+        return None
+    axis = class_axis % len(per_row)
+    return axis if per_row[axis] > 1 else None
+
+
+def index_like(label: np.ndarray, out_shape: Sequence[int], class_axis: int) -> bool:
+    """Whole numbers, one per row (or one per position beside the output's class axis, as
+    per-pixel classes are), next to an output with several values on its class axis
+    (``class_axis`` of the per-row shape: 0 for torch, -1 for Keras)."""
+    per_row = [int(d) for d in out_shape[1:]]
+    axis = _class_axis(per_row, class_axis)
+    if axis is None or not _integral(label):
+        return False
+    return list(label.shape[1:]) == per_row[:axis] + per_row[axis + 1:]
+
+
+def label_forms(label: np.ndarray, out_shape: Sequence[int], class_axis: int) -> List[str]:
+    """The forms to try for a label next to an output of ``out_shape``, in order: integer
+    class indices as indices first; whole-number floats (a libsvm or Spark ML label) as
+    they are first, as Horovod hands them (a loss may convert them itself), then as
+    indices; anything else as values."""
+    if not index_like(label, out_shape, class_axis):
+        return [VALUES]
+    return [INDEX, VALUES] if label.dtype.kind in "iub" else [VALUES, INDEX]
+
+
+def class_problem(name: str, label: np.ndarray, out_shape: Sequence[int],
+                  class_axis: int) -> Optional[str]:
+    """Why class indices in ``label`` can't index the output's classes, or None."""
+    per_row = [int(d) for d in out_shape[1:]]
+    axis = _class_axis(per_row, class_axis)
+    if axis is None or not len(label):
+        return None
+    classes = per_row[axis]
+    if label.min() < 0 or label.max() >= classes:
+        return (f"label column '{name}' has class {int(label.max())} (or a negative one) "
+                f"but the model outputs {classes} values per row")
+    return None
 
 
 def label_problem(name: str, label: np.ndarray, out_shape: Sequence[int]) -> Optional[str]:
-    """Why ``label`` (rows first) can't be compared with an output of ``out_shape``, or None.
-
-    An integer label of one value per row next to an output of one axis of several
-    values is a class index; any other label must have as many values per row.
-    """
+    """Why ``label`` (rows first) has not as many values per row as an output of
+    ``out_shape``, or None."""
     per_row = [int(d) for d in out_shape[1:]]
-    if is_class_index(label, out_shape):
-        classes = per_row[0]
-        if len(label) and (label.min() < 0 or label.max() >= classes):
-            return (f"label column '{name}' has class {int(label.max())} (or a negative one) "
-                    f"but the model outputs {classes} values per row")
-        return None
     if int(np.prod(label.shape[1:])) != int(np.prod(per_row)):
         return (f"label column '{name}' has shape {list(label.shape[1:])} per row but the "
                 f"model's output for it has shape {per_row} per row")
     return None
+
+
+def label_refused(name: str, label: np.ndarray, out_shape: Sequence[int], class_axis: int,
+                  tried: List[tuple]) -> str:
+    """The message for a label the loss took in no form; ``tried``: (form, what the loss was
+    given, the error)."""
+    lead = (class_problem(name, label, out_shape, class_axis)
+            if index_like(label, out_shape, class_axis) else None) \
+        or label_problem(name, label, out_shape) \
+        or f"the loss can't take label column '{name}' next to the model's output"
+    attempts = "; ".join(f"as {form} ({given}): {error}" for form, given, error in tried)
+    return (f"{lead}, and the loss takes it in no form: {attempts}. Give one label value per "
+            f"output value (one-hot rows, regression targets), or whole-number class indices "
+            f"with a class loss (CrossEntropyLoss, NLLLoss, sparse_categorical_crossentropy)")
 
 
 def warn_ignored(params, ignored: Dict[str, str]) -> None:

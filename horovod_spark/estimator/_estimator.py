@@ -49,6 +49,10 @@ class DistributedEstimator(Estimator, EstimatorParams):
         """The framework's dry run on the sample rows (decoded by decode_fn already)."""
         raise NotImplementedError
 
+    def _model_input_shapes(self, values: Dict[str, Any]):
+        """input_shapes the model itself declares, where the params give none (Keras)."""
+        return None
+
     _train_fn: Callable[..., Any]
     _model_class: type
     _mlflow_flavor: str  # "pytorch" or "keras"
@@ -66,7 +70,10 @@ class DistributedEstimator(Estimator, EstimatorParams):
 
     def _fit(self, dataset):
         began = time.perf_counter()
-        values = _backend.with_input_shapes(self.param_values())
+        values = self.param_values()
+        if values.get("input_shapes") is None:
+            values["input_shapes"] = self._model_input_shapes(values)
+        values = _backend.with_input_shapes(values)
         _checks.require(type(self).__name__, values, [
             n for n in self._required if not (n == "loss" and values.get("loss_constructors"))])
         _checks.warn_ignored(self, IGNORED)

@@ -3,9 +3,10 @@ prediction share (the torch ones, ``_torch_io``, in Keras's argument order).
 
 - inputs: one float32 array per feature column, a scalar column ``(batch, 1)``;
   a single feature column is passed as one array, several as a list;
-- outputs: one per label column; labels: an integer scalar label next to an
-  output of several values per row is a class index (``sparse_*`` losses), any
-  other label float32 in its output's shape;
+- outputs: one per label column; labels: each in the *form* the driver's dry run
+  chose, the first the loss takes (``_checks.label_forms``, the class axis last):
+  class indices (``sparse_*`` losses), or float32 in its output's shape when it has as
+  many values (one-hot rows, regression), else as the column holds it;
 - the model travels as the bytes of a ``.keras`` file (weights and architecture,
   no pickled code) next to the user's ``custom_objects``.
 """
@@ -13,11 +14,11 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from horovod_spark.estimator._checks import is_class_index, label_problem
+from horovod_spark.estimator import _checks
 
 __all__ = ["to_inputs", "shape_label", "dumps_model", "loads_model", "make_predictor",
            "dry_run", "as_outputs"]
@@ -37,9 +38,15 @@ def as_outputs(output: Any) -> List[np.ndarray]:
     return [np.asarray(o) for o in outs]
 
 
-def shape_label(label: np.ndarray, out_shape: Sequence[int]) -> np.ndarray:
-    if is_class_index(label, out_shape):
-        return label
+def shape_label(label: np.ndarray, out_shape: Sequence[int],
+                form: Optional[str] = None) -> np.ndarray:
+    """`label` in `form` next to an output of `out_shape` (see the module doc); no form: an
+    integer label of one value per row next to several output values is indices."""
+    if form is None:
+        form = _checks.INDEX if label.dtype.kind in "iu" and \
+            _checks.index_like(label, out_shape, -1) else _checks.VALUES
+    if form == _checks.INDEX:
+        return label if label.dtype.kind in "iu" else label.astype(np.int64)
     label = label.astype(np.float32, copy=False)
     rows = len(label)
     per_row = tuple(out_shape[1:])
@@ -83,8 +90,9 @@ def make_predictor(model_bytes: bytes) -> Callable[[List[np.ndarray]], List[np.n
 
 
 def dry_run(model: Any, loss: Any, feature_cols: Sequence[str], label_cols: Sequence[str],
-            sample: dict, weight_col: Optional[str] = None) -> List[List[int]]:
-    """Run the model (which builds it) and the loss on a few rows; the output shapes.
+            sample: dict, weight_col: Optional[str] = None) -> Tuple[List[List[int]], List[str]]:
+    """Run the model (which builds it) and the loss on a few rows; (the output shapes, each
+    label column's form).
 
     Raises:
         ValueError: naming the columns, as ``_torch_io.dry_run`` does.
@@ -105,15 +113,25 @@ def dry_run(model: Any, loss: Any, feature_cols: Sequence[str], label_cols: Sequ
                          f"{len(label_cols)} label columns {list(label_cols)}; return one "
                          f"output per label column")
     losses = list(loss) if isinstance(loss, (list, tuple)) else [loss] * len(label_cols)
-    for name, output, fn in zip(label_cols, outputs, losses):
-        label = sample[name]
-        problem = label_problem(name, label, output.shape)
-        if problem:
-            raise ValueError(problem)
+    forms = [_chosen_form(keras.losses.get(fn), name, sample[name], output)
+             for name, output, fn in zip(label_cols, outputs, losses)]
+    return [list(o.shape[1:]) for o in outputs], forms
+
+
+def _chosen_form(loss_fn: Callable, name: str, label: np.ndarray, output) -> str:
+    """The first form of `label` the loss takes next to `output`; a ValueError saying what
+    each form met where it takes none.  A loss that takes a label only by broadcasting it
+    across the batch is caught by a second call one row shorter."""
+    shape, tried = tuple(output.shape), []
+    for form in _checks.label_forms(label, shape, class_axis=-1):
+        y = shape_label(label, shape, form)
+        calls = [(y, output)] + ([(y[:-1], output[:-1])]
+                                 if len(y) > 2 and y.shape != tuple(shape) else [])
         try:
-            keras.losses.get(fn)(shape_label(label, output.shape), output)
+            for y_true, y_pred in calls:
+                loss_fn(y_true, y_pred)
+            return form
         except Exception as exc:
-            raise ValueError(f"the loss can't compare the model's output {list(output.shape)} "
-                             f"with label '{name}' {label.dtype}{list(label.shape)}: "
-                             f"{type(exc).__name__}: {exc}") from exc
-    return [list(o.shape[1:]) for o in outputs]
+            first = (str(exc).strip().splitlines() or [""])[0]
+            tried.append((form, f"{y.dtype}{list(y.shape)}", f"{type(exc).__name__}: {first}"))
+    raise ValueError(_checks.label_refused(name, label, shape, -1, tried))

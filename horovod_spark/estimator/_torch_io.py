@@ -4,9 +4,11 @@ driver's dry run and prediction must share.
 - inputs: one float32 tensor per feature column, ``model(*inputs)``; a scalar
   column is ``(batch, 1)``, a vector or array column ``(batch, width)``;
 - outputs: one per label column (a tuple when there are several);
-- labels: an integer scalar label next to an output of several values per row is
-  a class index (``int64``, ``(batch,)``: CrossEntropyLoss); any other label is
-  float32, viewed in its output's shape when it has as many values;
+- labels: each label column has a *form* (``_checks.INDEX`` or ``VALUES``), chosen by
+  the driver's dry run as the first the loss takes (``_checks.label_forms``): class
+  indices (``int64``, ``(batch,)`` or ``(batch, *positions)``: CrossEntropyLoss,
+  NLLLoss), or float32 viewed in its output's shape when it has as many values (one-hot
+  rows, regression), else as the column holds it (a loss that converts it itself);
 - sample weights scale per-row losses: the loss is called with ``reduction='none'``
   (a copy of an ``nn.Module`` loss, or the keyword for a function) and the
   weighted mean is taken.
@@ -18,7 +20,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["to_inputs", "as_outputs", "shape_label", "label_problem", "batch_loss",
+__all__ = ["to_inputs", "as_outputs", "shape_label", "batch_loss",
            "metric_fns", "fit_label", "label_tensor", "dumps_model", "loads_model", "make_predictor", "describe_inputs",
            "forward_in_eval", "dry_run"]
 
@@ -58,27 +60,23 @@ def _is_class_index(label, output) -> bool:
         and output.shape[1] > 1
 
 
-def shape_label(label: np.ndarray, output, device: Any = None):
-    """The label tensor in the form the loss takes next to ``output``."""
-    return fit_label(label_tensor(label, device), output)
+def shape_label(label: np.ndarray, output, device: Any = None, form: Optional[str] = None):
+    """The label tensor in `form` (the module doc) next to ``output``."""
+    return fit_label(label_tensor(label, device), output, form)
 
 
-def fit_label(t, output):
-    """A label tensor in the form the loss takes next to ``output`` (see the module doc)."""
+def fit_label(t, output, form: Optional[str] = None):
+    """A label tensor in `form` next to ``output`` (see the module doc); no form: an int64
+    label of one value per row next to several output values is indices, else values."""
     import torch
 
-    if _is_class_index(t, output):
-        return t
+    if form is None:
+        form = "index" if _is_class_index(t, output) else "values"
+    if form == "index":
+        return t if t.dtype == torch.int64 else t.long()
     if t.dtype != torch.float32:
         t = t.float()
     return t.view(output.shape) if t.numel() == output.numel() else t
-
-
-def label_problem(name: str, label: np.ndarray, output) -> Optional[str]:
-    """Why ``label`` can't be compared with ``output``, or None (see ``_checks``)."""
-    from horovod_spark.estimator._checks import label_problem as problem
-
-    return problem(name, label, tuple(output.shape))
 
 
 def _per_row(loss_fn: Callable, output, label):
@@ -167,8 +165,9 @@ def forward_in_eval(model: Any, inputs: Sequence[Any]) -> list:
 
 def dry_run(model: Any, loss_fns: Sequence[Callable], feature_cols: Sequence[str],
             label_cols: Sequence[str], sample: dict,
-            weight_col: Optional[str] = None) -> List[List[int]]:
-    """Run the model and the loss on a few rows; the output shapes per row.
+            weight_col: Optional[str] = None) -> Tuple[List[List[int]], List[str]]:
+    """Run the model and the loss on a few rows; (the output shapes per row, each label
+    column's form: the first the loss takes).
 
     Raises:
         ValueError: the model can't take the features, a label does not match its
@@ -187,16 +186,11 @@ def dry_run(model: Any, loss_fns: Sequence[Callable], feature_cols: Sequence[str
         raise ValueError(f"the model returns {len(outputs)} output(s) but there are "
                          f"{len(label_cols)} label columns {list(label_cols)}; return one "
                          f"output per label column")
-    labels = []
-    for name, output in zip(label_cols, outputs):
-        problem = label_problem(name, sample[name], output)
-        if problem:
-            raise ValueError(problem)
-        labels.append(shape_label(sample[name], output))
-    for loss_fn, name, output, label in zip(loss_fns, label_cols, outputs, labels):
-        problem = loss_problem(model, loss_fn, name, sample[name], output, label)
-        if problem:
-            raise ValueError(problem)
+    labels, forms = [], []
+    for loss_fn, name, output in zip(loss_fns, label_cols, outputs):
+        form, label = _chosen_form(model, loss_fn, name, sample[name], output)
+        forms.append(form)
+        labels.append(label)
     weights = _tensor(sample[weight_col]) if weight_col else None
     try:
         batch_loss(loss_fns, outputs, labels, weights)
@@ -206,7 +200,47 @@ def dry_run(model: Any, loss_fns: Sequence[Callable], feature_cols: Sequence[str
                            for o, t, n in zip(outputs, labels, label_cols))
         raise ValueError(f"the loss can't compare the model's output with the label ({shapes}): "
                          f"{type(exc).__name__}: {exc}") from exc
-    return [list(o.shape[1:]) for o in outputs]
+    return [list(o.shape[1:]) for o in outputs], forms
+
+
+def _chosen_form(model: Any, loss_fn: Callable, name: str, label: np.ndarray, output):
+    """(the first form of `label` the loss takes next to `output`, the label in it); a
+    ValueError saying what each form met where it takes none."""
+    from horovod_spark.estimator import _checks
+
+    import warnings
+
+    shape, tried = tuple(output.shape), []
+    for form in _checks.label_forms(label, shape, class_axis=0):
+        t = shape_label(label, output, form=form)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's "target size" warning: the calls decide
+            problem = loss_problem(model, loss_fn, name, label, output, t)
+            error = None if problem else _loss_error(loss_fn, output, t)
+        if problem:  # the loss runs but could not learn the label: no other form helps
+            raise ValueError(problem)
+        if error is None:
+            return form, t
+        tried.append((form, f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}", error))
+    raise ValueError(_checks.label_refused(name, label, shape, 0, tried))
+
+
+def _loss_error(loss_fn: Callable, output, label) -> Optional[str]:
+    """Why the loss can't take `label` next to `output`, or None.  A loss that takes a label
+    only by broadcasting it across the batch (a [16] label against [16, 16] outputs) is
+    caught by a second call one row shorter, where the broadcast fails."""
+    calls = [(output, label)]
+    if len(output) > 2 and label.shape != output.shape:
+        calls.append((output[:-1], label[:-1]))
+    try:
+        for out, lab in calls:
+            value = loss_fn(out, lab)
+            if not hasattr(value, "shape"):
+                raise TypeError(f"the loss returned a {type(value).__name__}, not a tensor")
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return f"{type(exc).__name__}: {first}"
+    return None
 
 
 _CLASS_LOSSES = ("CrossEntropyLoss", "NLLLoss", "cross_entropy", "nll_loss")

@@ -84,7 +84,8 @@ def _keras_batch(spec: TrainSpec, batch: dict, transform, out_shapes: List[tuple
     if transform is not None:
         batch = transform(dict(batch))
     x = kio.to_inputs([numeric(batch[c], c) for c in spec.feature_cols])
-    ys = [kio.shape_label(batch[c], s) for c, s in zip(spec.label_cols, out_shapes)]
+    ys = [kio.shape_label(batch[c], s, form)
+          for c, (s, form) in zip(spec.label_cols, out_shapes)]
     y = ys[0] if len(ys) == 1 else ys
     if spec.weight_col:
         return x, y, np.asarray(batch[spec.weight_col], np.float32)
@@ -119,7 +120,8 @@ def _fit(hvd, spec: TrainSpec, data: RankData, entered: float) -> Optional[Dict[
     rank = hvd.rank()
     start, history = _resume(hvd, spec, model, opt, rank)
     progress = Progress(spec, rank, data.steps, entered)
-    out_shapes = [tuple([None] + list(s)) for s in user["output_shapes"]]
+    forms = user.get("label_forms") or [None] * len(user["output_shapes"])
+    out_shapes = [(tuple([None] + list(s)), form) for s, form in zip(user["output_shapes"], forms)]
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                  hvd.callbacks.MetricAverageCallback()]
     if spec.has_validation:

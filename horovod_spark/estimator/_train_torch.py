@@ -95,6 +95,7 @@ class _Setup:
         self.losses = list(loss) if isinstance(loss, (list, tuple)) else \
             [loss] * len(spec.label_cols)
         self.loss_weights = user.get("loss_weights")
+        self.label_forms = user.get("label_forms") or [None] * len(spec.label_cols)
         self.metrics = tio.metric_fns(user.get("metrics"))
         self.transform: Optional[Callable] = user.get("transformation_fn")
         self.decode: Optional[Callable] = user.get("decode_fn")
@@ -111,11 +112,12 @@ class _Setup:
         """Horovod's loss_fn(outputs, labels, sample_weights) of the minibatch hooks."""
         return tio.batch_loss(self.losses, outputs, labels, weights, self.loss_weights)
 
-    @staticmethod
-    def transform_outputs(outputs: Any, labels: list) -> Tuple[list, list]:
-        """Horovod's transform_outputs: the outputs as a list, each label in its form."""
+    def transform_outputs(self, outputs: Any, labels: list) -> Tuple[list, list]:
+        """Horovod's transform_outputs: the outputs as a list, each label in the form the
+        driver's dry run chose for it."""
         outputs = tio.as_outputs(outputs)
-        return outputs, [tio.fit_label(t, o) for t, o in zip(labels, outputs)]
+        return outputs, [tio.fit_label(t, o, form)
+                         for t, o, form in zip(labels, outputs, self.label_forms)]
 
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])

@@ -56,12 +56,29 @@ class KerasEstimator(DistributedEstimator):
     _mlflow_flavor = "keras"
     _model_class = KerasModel
 
+    def _model_input_shapes(self, values: Dict[str, Any]):
+        """The model's own input shapes, as Horovod's KerasEstimator reshapes each feature
+        column to them (784 pixels to (28, 28, 1)); None where no input has more than one
+        axis a row, the model declares none, or one has an open size besides the batch."""
+        try:
+            shapes = [[-1] + [d for d in tuple(x.shape)[1:]] for x in values["model"].inputs]
+        except (AttributeError, ValueError, TypeError):  # not built: no inputs yet
+            return None
+        flat = all(len(shape) <= 2 for shape in shapes)
+        if len(shapes) != len(values.get("feature_cols") or ()) or flat or \
+                any(d is None for shape in shapes for d in shape) or \
+                values.get("sparse_vectors") == "sparse":
+            return None  # (flat inputs need no reshape; sparse ones are refused by name later)
+        return [[int(d) for d in shape] for shape in shapes]
+
     def _dry_run(self, values: Dict[str, Any], sample: Dict[str, Any]) -> List[List[int]]:
         _check_keras_objects(values)
         if values["transformation_fn"] is not None:
             sample = values["transformation_fn"](dict(sample))
-        return _keras_io.dry_run(values["model"], values["loss"], values["feature_cols"],
-                                 values["label_cols"], sample, values["sample_weight_col"])
+        shapes, values["label_forms"] = _keras_io.dry_run(
+            values["model"], values["loss"], values["feature_cols"], values["label_cols"],
+            sample, values["sample_weight_col"])
+        return shapes
 
     def _user_objects(self, values: Dict[str, Any], output_shapes: List[List[int]]) -> bytes:
         import cloudpickle
@@ -77,7 +94,8 @@ class KerasEstimator(DistributedEstimator):
             "callbacks": values["callbacks"], "custom_objects": custom,
             "transformation_fn": values["transformation_fn"],
             "decode_fn": values["decode_fn"], "decode_workers": values["decode_workers"],
-            "output_shapes": output_shapes, "loss_weights": values["loss_weights"],
+            "output_shapes": output_shapes, "label_forms": values.get("label_forms"),
+            "loss_weights": values["loss_weights"],
             "gradient_compression": values["gradient_compression"],
             "checkpoint_callback": values["checkpoint_callback"]})
 

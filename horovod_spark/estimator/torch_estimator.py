@@ -59,7 +59,7 @@ class TorchEstimator(DistributedEstimator):
 
     def _user_objects(self, values: Dict[str, Any], output_shapes: List[List[int]]) -> bytes:
         _check_torch_objects(values)
-        return _torch_io.dumps_model({name: values[name] for name in _USER})
+        return _torch_io.dumps_model({name: values.get(name) for name in _USER})
 
     def _dry_run(self, values: Dict[str, Any], sample: Dict[str, Any]) -> List[List[int]]:
         _check_torch_objects(values)
@@ -72,8 +72,10 @@ class TorchEstimator(DistributedEstimator):
                              f"give one loss, or one per label column")
         if values["transformation_fn"] is not None:
             sample = values["transformation_fn"](dict(sample))
-        return _torch_io.dry_run(values["model"], losses, values["feature_cols"], labels,
-                                 sample, values["sample_weight_col"])
+        shapes, values["label_forms"] = _torch_io.dry_run(
+            values["model"], losses, values["feature_cols"], labels, sample,
+            values["sample_weight_col"])
+        return shapes
 
 
 _declare(TorchEstimator, {
@@ -94,8 +96,9 @@ _declare(TorchEstimator, {
 })
 document_constructor(TorchEstimator)  # again: the signature lists its own params too
 
-# what travels to the ranks, cloudpickled together
+# what travels to the ranks, cloudpickled together (label_forms: the dry run's choice)
 _USER = ("model", "optimizer", "loss", "metrics", "transformation_fn", "decode_fn",
+         "label_forms",
          "decode_workers", "callbacks",
          "loss_constructors", "loss_weights", "gradient_compression", "lr_scheduler",
          "lr_scheduler_interval", "train_minibatch_fn", "val_minibatch_fn")
