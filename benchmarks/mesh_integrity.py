@@ -4,6 +4,7 @@ job's coordination ops), and every payload tagged ("payload"), in one run.
 
     python benchmarks/mesh_integrity.py                   # 2 ranks, 4 KiB .. 64 MiB float32
     python benchmarks/mesh_integrity.py --np 3 --rounds 3 --max 16M
+    python benchmarks/mesh_integrity.py --baseline /tmp/before   # + "payload" of that checkout
 
 Each rank is a host of its own (HOROVOD_SPARK_FORCE_TCP=1), so every byte crosses TCP
 (loopback here: the link is fast, which makes the tags' share of the time the largest it
@@ -23,6 +24,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
+REPO = os.path.dirname(HERE)
 
 from _table import complete, format_table, size_range, write_json  # noqa: E402
 
@@ -50,7 +52,8 @@ def _rank(sizes, reps, budget):
                     comm.allreduce(x, out=x)
                 best = min(best, (time.perf_counter() - t) / iters)
             out[nbytes] = best * 1e6
-        return {"times": out, "integrity": comm.backend._mesh.integrity}
+        return {"times": out, "integrity": comm.backend._mesh.integrity,
+                "from": os.path.dirname(os.path.dirname(os.path.abspath(collectives.__file__)))}
     finally:
         comm.close()
 
@@ -65,21 +68,36 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--budget", type=float, default=0.3, help="seconds of ops per size and run")
+    ap.add_argument("--baseline", help="a checkout (built in place) whose ranks run 'payload' "
+                                       "too, as the column 'payload-base': another build, one run")
     args = ap.parse_args()
     sizes = size_range(args.min, args.max, 4)
-    best = {m: {s: float("inf") for s in sizes} for m in MODES}
+    modes = MODES + (("payload-base",) if args.baseline else ())
+    best = {m: {s: float("inf") for s in sizes} for m in modes}
     for _ in range(args.rounds):
-        for mode in MODES:
-            env = {"HOROVOD_SPARK_FORCE_TCP": "1", "HOROVOD_SPARK_MESH_INTEGRITY": mode}
-            results = run_local(_rank, args.np, args=(sizes, args.reps, args.budget), env=env,
-                                timeout=1200)
-            assert {r["integrity"] for r in results} == {mode}
+        for mode in modes:
+            env = {"HOROVOD_SPARK_FORCE_TCP": "1",
+                   "HOROVOD_SPARK_MESH_INTEGRITY": mode.replace("-base", "")}
+            here = os.getcwd()
+            if mode.endswith("-base"):  # its ranks import the baseline's build: `-m` looks in
+                env["PYTHONPATH"] = os.path.abspath(args.baseline)  # their cwd first
+                os.chdir(args.baseline)
+            try:
+                results = run_local(_rank, args.np, args=(sizes, args.reps, args.budget),
+                                    env=env, timeout=1200)
+            finally:
+                os.chdir(here)
+            assert {r["integrity"] for r in results} == {mode.replace("-base", "")}
+            built = os.path.abspath(args.baseline) if mode.endswith("-base") else REPO
+            assert {r["from"] for r in results} == {built}, (mode, results[0]["from"])
             for s in sizes:
                 best[mode][s] = min(best[mode][s], max(r["times"][s] for r in results))
     rows = [{"size": s, "count": s // 4, "dtype": "float32",
-             "results": {m: {"time_us": best[m][s]} for m in MODES}} for s in sizes]
+             "results": {m: {"time_us": best[m][s]} for m in modes}} for s in sizes]
     complete(rows, "allreduce", args.np)
-    print(format_table(rows, MODES, [("control", "off"), ("payload", "off")],
+    ratios = [("control", "off"), ("payload", "off")] + \
+        ([("payload", "payload-base")] if args.baseline else [])
+    print(format_table(rows, modes, ratios,
                        title=f"allreduce over TCP, {args.np} ranks, best of {args.rounds} rounds"))
     print(write_json("mesh_integrity", {"np": args.np, "rows": rows}))
 

@@ -59,6 +59,8 @@ Status Context::check_usable() {
   ++agree_.seq;
   agree_.tag = OpTag();
   agree_.sealed = opt_.seal_payload;
+  agree_.confirm = opt_.seal_payload && !confirming_ && !leaders_.empty();
+  agree_.tainted = -1;
   if (failed_ != Code::kOk)
     return HVS_ERROR(failed_, "the communicator is unusable after an earlier error: " + failure_,
                      failed_peer_);
@@ -73,10 +75,63 @@ Status Context::fail(Status st) {
     failure_ = st.what();
     failed_peer_ = st.peer();
     if (shm_) shm_->mark_aborted(st.code());
-    if (st.code() == Code::kMismatch)  // peers waiting for our header get this instead
+    // peers waiting for our header get this instead: a mismatch, or with every payload tagged a
+    // forged frame found here (one that every rank learnt in a confirmation round is no news)
+    const bool forged_here = st.code() == Code::kIntegrity && opt_.seal_payload && !confirmed_failure_;
+    if (st.code() == Code::kMismatch || forged_here)
       send_notices(links_, make_notice(agree_, st), std::min<uint64_t>(seconds_to_ns(opt_.timeout_s), kNoticeBudgetNs));
   }
   return st;
+}
+
+Status Context::allreduce(const void* src, void* dst, size_t count, DType dt, ReduceOp op,
+                          bool control) {
+  return confirmed(allreduce_op(src, dst, count, dt, op, control));
+}
+Status Context::allgather(const void* src, void* dst, const std::vector<size_t>& counts, DType dt,
+                          bool control) {
+  return confirmed(allgather_op(src, dst, counts, dt, control));
+}
+Status Context::broadcast(void* buf, size_t count, DType dt, int root) {
+  return confirmed(broadcast_op(buf, count, dt, root));
+}
+Status Context::reducescatter(const void* src, void* dst, const std::vector<size_t>& counts,
+                              DType dt, ReduceOp op) {
+  return confirmed(reducescatter_op(src, dst, counts, dt, op));
+}
+Status Context::alltoall(const void* src, const std::vector<size_t>& send_counts, void* dst,
+                         const std::vector<size_t>& recv_counts, DType dt) {
+  return confirmed(alltoall_op(src, send_counts, dst, recv_counts, dt));
+}
+Status Context::barrier() { return confirmed(barrier_op()); }
+// (adasum: its steps across hosts are public alltoalls and allgathers, each confirmed)
+
+// A rank whose payload tag failed went on with the op (Agreement::confirm); now every rank
+// puts in a word, rank * size + the peer whose payload failed, or "clean", and one control
+// allreduce takes the least: the first finder's, on every rank.  A failed op returns as it
+// is (its rank sends notices, see fail); the round's own failures are plain failures.
+Status Context::confirmed(Status st) {
+  if (!agree_.confirm) return st;
+  const int tainted = agree_.tainted;
+  if (!st.ok()) return st;
+  const OpTag op = agree_.tag;
+  const uint64_t seq = agree_.seq;
+  constexpr int64_t kClean = INT64_MAX;
+  int64_t word = tainted < 0 ? kClean : int64_t(opt_.rank) * opt_.size + tainted, least = kClean;
+  confirming_ = true;
+  Status round = allreduce_op(&word, &least, 1, DType::kInt64, ReduceOp::kMin, true);
+  confirming_ = false;
+  if (!round.ok() || least == kClean) return round;
+  const int finder = static_cast<int>(least / opt_.size), sender = static_cast<int>(least % opt_.size);
+  std::string who = finder == opt_.rank ? "this rank" : "rank " + std::to_string(finder);
+  confirmed_failure_ = true;
+  return HVS_ERROR(Code::kIntegrity,
+                   "the payload rank " + std::to_string(sender) + " sent " + who + " failed its integrity "
+                   "check (changed on the way) in " + op.describe() + " (its native op " + std::to_string(seq) +
+                   "): no rank returns this op's result",
+                   finder == opt_.rank ? sender : finder)
+      .with_hint("something between the hosts is altering traffic on the job's connections; the "
+                 "communicator stops here on every rank");
 }
 
 const char* Context::cma_state() const {
@@ -101,7 +156,7 @@ TcpGroup Context::tcp_group(const std::vector<int>& members) {
                   seconds_to_ns(opt_.timeout_s), &staging_, &agree_, &stats_};
 }
 
-Status Context::allreduce(const void* src, void* dst, size_t count, DType dt, ReduceOp op,
+Status Context::allreduce_op(const void* src, void* dst, size_t count, DType dt, ReduceOp op,
                           bool control) {
   HVS_CHECK(check_usable());
   agree_.sealed = agree_.sealed || control;
@@ -138,7 +193,7 @@ Status Context::allreduce(const void* src, void* dst, size_t count, DType dt, Re
   return hier_allreduce(src, dst, count, elem, fn, large, chunk);
 }
 
-Status Context::allgather(const void* src, void* dst, const std::vector<size_t>& counts, DType dt,
+Status Context::allgather_op(const void* src, void* dst, const std::vector<size_t>& counts, DType dt,
                           bool control) {
   HVS_CHECK(check_usable());
   agree_.sealed = agree_.sealed || control;
@@ -171,7 +226,7 @@ Status Context::allgather(const void* src, void* dst, const std::vector<size_t>&
   return Status();
 }
 
-Status Context::broadcast(void* buf, size_t count, DType dt, int root) {
+Status Context::broadcast_op(void* buf, size_t count, DType dt, int root) {
   HVS_CHECK(check_usable());
   if (root < 0 || root >= opt_.size)
     return HVS_ERROR(Code::kInvalid, "broadcast root " + std::to_string(root) + " is outside the world");
@@ -194,7 +249,7 @@ Status Context::broadcast(void* buf, size_t count, DType dt, int root) {
   return Status();
 }
 
-Status Context::reducescatter(const void* src, void* dst, const std::vector<size_t>& counts,
+Status Context::reducescatter_op(const void* src, void* dst, const std::vector<size_t>& counts,
                               DType dt, ReduceOp op) {
   HVS_CHECK(check_usable());
   ReduceFn fn = reduce_fn(dt, op);
@@ -229,7 +284,7 @@ Status Context::reducescatter(const void* src, void* dst, const std::vector<size
   return Status();
 }
 
-Status Context::alltoall(const void* src, const std::vector<size_t>& send_counts, void* dst,
+Status Context::alltoall_op(const void* src, const std::vector<size_t>& send_counts, void* dst,
                          const std::vector<size_t>& recv_counts, DType dt) {
   HVS_CHECK(check_usable());
   const size_t elem = itemsize(dt);
@@ -259,7 +314,7 @@ Status Context::alltoall(const void* src, const std::vector<size_t>& send_counts
   return Status();
 }
 
-Status Context::barrier() {
+Status Context::barrier_op() {
   HVS_CHECK(check_usable());
   tag(OpTag{OpTag::kBarrier, -1, -1, -1, 0, 0});
   if (shm_) HVS_CHECK(shm_barrier(*shm_));

@@ -12,7 +12,12 @@
 // segment (so local peers fail fast too) and refuses every later op with the
 // first error.  A mismatch (ranks in different ops, or the same op with other
 // sizes) is also sent as a notice to the TCP peers (tcp/header.h), so remote
-// ranks fail with it instead of waiting for their timeout.
+// ranks fail with it instead of waiting for their timeout; so is, with every payload
+// tagged, a frame that failed its integrity check.
+// With every payload tagged (seal_payload) across hosts, no rank returns an op before
+// every rank has checked the tags of what it received in it: each public op ends in
+// a confirmation round (`confirmed`), one control allreduce of one word, that fails the
+// op on every rank where any rank found a changed payload.
 #pragma once
 
 #include <sys/types.h>
@@ -87,6 +92,15 @@ class Context {
 
  private:
   Status check_usable();       // also starts the op: every op counts (Agreement::seq)
+  Status confirmed(Status st);  // payload mode: the op's confirmation round (see above)
+  Status allreduce_op(const void* src, void* dst, size_t count, DType dt, ReduceOp op, bool control);
+  Status allgather_op(const void* src, void* dst, const std::vector<size_t>& counts, DType dt, bool control);
+  Status broadcast_op(void* buf, size_t count, DType dt, int root);
+  Status reducescatter_op(const void* src, void* dst, const std::vector<size_t>& counts, DType dt,
+                          ReduceOp op);
+  Status alltoall_op(const void* src, const std::vector<size_t>& send_counts, void* dst,
+                     const std::vector<size_t>& recv_counts, DType dt);
+  Status barrier_op();
   void tag(const OpTag& t);  // what this op is, for the shm and TCP agreement checks
   TcpGroup tcp_group(const std::vector<int>& members);
   char* scratch(size_t bytes);
@@ -107,6 +121,8 @@ class Context {
   std::unique_ptr<char[]> scratch_;  // adasum.cc
   size_t scratch_bytes_ = 0;
   Agreement agree_;  // this op, for the TCP headers
+  bool confirming_ = false;  // in a confirmation round: it confirms nothing itself
+  bool confirmed_failure_ = false;  // every rank learnt this failure in a confirmation round
   TransportStats stats_;
   Code failed_ = Code::kOk;
   std::string failure_;

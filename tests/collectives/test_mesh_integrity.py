@@ -281,3 +281,64 @@ def test_every_op_matches_numpy_with_every_payload_tagged(hosts):
     results = run_local(_suite, 3, args=(HERE,), env=env, hosts=hosts, timeout=240)
     assert [r["integrity"] for r in results] == ["payload"] * 3
     assert all(r["checks"] > 0 and r["cross"] > 1 for r in results)
+
+
+def _inject_at(direction, at, extra):
+    """Bytes put into a direction's stream at offset `at` (a relay that re-inserts bytes)."""
+    def tamper(d, off, data):
+        if d == direction and off <= at < off + len(data):
+            return data[:at - off] + extra + data[at - off:]
+        return data
+    return tamper
+
+
+N = 300_000  # floats: several chunks each way, so changed bytes are reduced and forwarded
+
+
+@pytest.mark.parametrize("tamper,finder", [
+    (_flip(0, WIRE + 7), 1),                 # the first chunk rank 0 sends
+    (_flip(1, WIRE + 600_001), 0),           # deep in rank 1's reduce-scatter half
+    (_flip(0, 2 * WIRE + N * 2 + 99), 1),    # in what rank 0 forwards in the allgather
+    (_inject_at(0, WIRE + 40, b"\x00\x01\x02"), 1),  # re-inserted bytes: the stream shifts
+], ids=["first-chunk", "reduce-scatter", "allgather", "injected"])
+def test_a_changed_payload_returns_on_no_rank_in_payload_mode(tamper, finder):
+    """Payload mode: the rank that reads a changed payload finds it; every rank fails that
+    same op (none returns the values the changed bytes reached), each naming who found it."""
+    relay = Relay(tamper)
+    try:
+        c0, c1 = _contexts(relay, payload=True)
+        a, b = _xs(N)
+        got = _both(_allreduce(c0, a), _allreduce(c1, b))
+        for rank, err in enumerate(got):
+            assert isinstance(err, AuthenticationError), (rank, repr(err)[:300])
+            text = str(err)
+            assert "failed its integrity check" in text, text
+            if rank == finder:  # it names the peer whose bytes changed
+                assert f"peer rank {1 - finder}" in text, text
+            else:  # it names the rank that found them
+                assert f"rank {finder}" in text and "peer rank" in text, text
+        assert any("no rank returns this op's result" in str(e) or "this rank stops" in str(e)
+                   for e in got)
+        for ctx in (c0, c1):  # and the communicator stops there, on both
+            with pytest.raises(CollectiveError):
+                _allreduce(ctx, a[:8])()
+    finally:
+        relay.close()
+
+
+def test_payload_mode_confirms_every_op_and_stays_in_step():
+    """The confirmation round of every op in payload mode: many ops of every size pass, and
+    each op moves one more small exchange than in control mode."""
+    counts = {}
+    for payload in (False, True):
+        relay = Relay()
+        try:
+            c0, c1 = _contexts(relay, payload=payload)
+            for n in (0, 1, 5, 1000, 70_000):
+                a, b = _xs(n)
+                assert all(np.array_equal(g, a + b)
+                           for g in _both(_allreduce(c0, a), _allreduce(c1, b)))
+            counts[payload] = c0.stats["tcp_ops"]
+        finally:
+            relay.close()
+    assert counts[True] == 2 * counts[False] > 0

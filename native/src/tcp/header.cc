@@ -63,6 +63,15 @@ Status found_here(Agreement& ag, const OpTag& mine, Role my_role, const Wire& th
 // A notice from `told_by`: this rank is its side b (and still in the op
 // rank a found it in), or a bystander.
 Status told(Agreement& ag, const Wire& n, int told_by) {
+  if (n.flags & Wire::kForged)  // not a disagreement: nothing to keep for a notice of ours
+    return HVS_ERROR(Code::kIntegrity,
+                     "rank " + std::to_string(n.rank_a) + " found a frame from rank " +
+                         std::to_string(n.rank_b) + " that failed its integrity check (in " +
+                         op_text(n.a, Role()) + seq_text(n.seq_a) + "); this rank stops in " +
+                         op_text(ag.tag, Role()) + seq_text(ag.seq),
+                     told_by)
+        .with_hint("something between the hosts is altering or inserting traffic on the job's "
+                   "connections; the communicator stops here");
   ag.found = n;
   std::string a = op_text(n.a, n.role_a());
   if (n.flags & Wire::kBUnknown) {  // found in shared memory on rank a's host
@@ -144,6 +153,15 @@ Status check_watched(const Wire& in, bool link_counts, Agreement& ag, int peer, 
 }
 
 Wire make_notice(const Agreement& ag, const Status& st) {
+  if (st.code() == Code::kIntegrity) {
+    Wire n;
+    n.magic = Wire::kNotice;
+    n.flags = Wire::kForged | Wire::kBUnknown;
+    n.seq_a = n.seq_b = ag.seq;
+    n.rank_a = ag.rank, n.rank_b = st.peer();
+    n.a = ag.tag;
+    return n;
+  }
   if (ag.found.magic == Wire::kNotice) return ag.found;
   Wire n;  // found outside TCP (shared memory): only this rank's side is known
   n.magic = Wire::kNotice;

@@ -50,7 +50,9 @@ struct Role {
 
 struct Wire {
   enum Magic : uint32_t { kHeader = 0x48565348u, kNotice = 0x48565321u };  // "HSVH", "!SVH"
-  enum Flags : uint32_t { kALinkCounts = 1, kAExpects = 2, kBLinkCounts = 4, kBExpects = 8, kBUnknown = 16 };
+  // kForged: a notice that rank_a found a frame from rank_b changed on the way, not a mismatch
+  enum Flags : uint32_t { kALinkCounts = 1, kAExpects = 2, kBLinkCounts = 4, kBExpects = 8, kBUnknown = 16,
+                          kForged = 32 };
   uint32_t magic = 0;
   uint32_t flags = 0;  // the Roles of a and b; kBUnknown: b's op is not known
   uint64_t seq_a = 0, seq_b = 0;  // header: seq_a is the sender's seq
@@ -68,6 +70,12 @@ struct Agreement {  // what every transfer of one op checks
   int rank = -1;     // this rank (world)
   Wire found;        // the first disagreement found or told of (magic 0: none yet)
   bool sealed = false;  // the payload of each transfer carries a tag too (mac.h)
+  // Payload mode (Context::confirmed): a payload whose tag fails does not stop the op here
+  // (its bytes changed, not their number, so the streams stay in step); the first peer
+  // whose payload failed is kept, and the op ends in a confirmation round that fails it on
+  // every rank.  Off: such a payload fails the op where it is read.
+  bool confirm = false;
+  int tainted = -1;
 };
 
 // Tags `w` as the next frame this rank sends on `l` (nothing on an untagged link).
@@ -91,7 +99,8 @@ Status check_header(const Wire& in, const OpTag& want, Role mine, Agreement& ag,
 // contradicting header; otherwise *keep says whether to go on watching it.
 Status check_watched(const Wire& in, bool link_counts, Agreement& ag, int peer, bool* keep);
 
-// The notice a rank that failed with `st` (kMismatch) sends its peers.
+// The notice a rank that failed with `st` (kMismatch, or kIntegrity: a forged notice) sends
+// its peers.
 Wire make_notice(const Agreement& ag, const Status& st);
 
 // Sends `notice` on every link that is not inside a send stream, for at

@@ -209,7 +209,10 @@ Status recv_some(Link& from, const std::vector<RecvItem>& items, Stream& s,
     if (tag_item) {
       uint8_t want[kTagBytes];
       seal.mac.finish(want);
-      if (!same_tag(want, seal.tag)) return forged(from.peer, "an op's payload");
+      if (!same_tag(want, seal.tag)) {
+        if (!opt.agree || !opt.agree->confirm) return forged(from.peer, "an op's payload");
+        if (opt.agree->tainted < 0) opt.agree->tainted = from.peer;  // the op goes on: see header.h
+      }
       ++from.taken;
     }
     if (it.own) opt.fn(it.out, it.own, opt.staging, it.len / opt.elem);
