@@ -28,7 +28,14 @@ __all__ = [
 ]
 
 _generation = itertools.count()
+_made = []  # the communicators this process asked for (their generations)
 log = logging.getLogger("collectives")
+
+
+def joined() -> bool:
+    """Whether this process ever called init() (a rank that returns without it is announced
+    to the others, who would wait for it at theirs: `rendezvous.mesh.announce_returned`)."""
+    return bool(_made)
 
 
 def init(config: Optional[Config] = None, environ: Optional[Mapping[str, str]] = None) -> Communicator:
@@ -56,6 +63,7 @@ def init(config: Optional[Config] = None, environ: Optional[Mapping[str, str]] =
 
 def _communicator(config: Config, environ: Mapping[str, str], renv: Optional[RankEnv]) -> Communicator:
     gen = next(_generation)
+    _made.append(gen)
     if renv is not None and config.backend != "mpi":
         from .rendezvous.store import TCPStore
 

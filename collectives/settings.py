@@ -15,7 +15,8 @@ import dataclasses
 import os
 from typing import Any, Callable, Mapping, Optional
 
-__all__ = ["Setting", "parse_bool", "parse_log_level", "SETTINGS", "CONTRACT", "WHERE",
+__all__ = ["Setting", "parse_bool", "parse_log_level", "choice", "number", "SETTINGS", "CONTRACT",
+           "WHERE",
            "ZYGOTE_IDLE_S", "WARM_REPORT", "FINISH_GRACE", "RETURN_RANKS", "Config"]
 
 #: The processes a setting is read in.
@@ -93,11 +94,39 @@ def parse_grace(text: str) -> float:
     return value
 
 
+def choice(*values: str) -> Callable[[str], str]:
+    """A parser of one of `values`, any case."""
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in values:
+            raise ValueError(f"expected {', '.join(values[:-1])} or {values[-1]}")
+        return value
+    return parse
+
+
+def number(kind: Callable[[str], Any], low: float, above: bool = False,
+           unit: str = "") -> Callable[[str], Any]:
+    """A parser of a `kind` (int or float) of `unit`s, at least `low` (above it, with `above`)."""
+    what = ("a whole number" if kind is int else "a number") + (f" of {unit}" if unit else "")
+    bound = f"{'above' if above else 'at least'} {low:g}"
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text.strip())
+        except ValueError:
+            raise ValueError(f"expected {what}, {bound}") from None
+        if not (value > low if above else value >= low):
+            raise ValueError(f"expected {what}, {bound}")
+        return value
+    return parse
+
+
 def _config(name: str, field: str, default: Any, parse: Callable[[str], Any], doc: str) -> Setting:
     return Setting(name, default, parse, "rank", doc, field=field)
 
 
-ZYGOTE_IDLE_S = Setting("HOROVOD_SPARK_ZYGOTE_IDLE_S", 600.0, float, "task",
+ZYGOTE_IDLE_S = Setting("HOROVOD_SPARK_ZYGOTE_IDLE_S", 600.0,
+                        number(float, 0, above=True, unit="seconds"), "task",
                         "seconds a zygote waits for the next job before it exits")
 FINISH_GRACE = Setting("HOROVOD_SPARK_FINISH_GRACE_SECONDS", 60.0, parse_grace, "driver",
                        "once a rank returned, seconds the others may run on; 0: for ever")
@@ -108,29 +137,34 @@ WARM_REPORT = Setting("HVS_WARM_REPORT", None, str, "rank", "modules whose impor
 
 #: The user's switches of collectives: the rank reads those with a field in Config.create.
 SETTINGS = (
-    _config("HOROVOD_FUSION_THRESHOLD", "fusion_threshold", 64 * 1024 * 1024, int,
+    _config("HOROVOD_FUSION_THRESHOLD", "fusion_threshold", 64 * 1024 * 1024,
+            number(int, 0, unit="bytes"),
             "largest fusion buffer, in bytes"),
-    _config("HOROVOD_CYCLE_TIME", "cycle_time_ms", 1.0, float,
+    _config("HOROVOD_CYCLE_TIME", "cycle_time_ms", 1.0, number(float, 0, unit="milliseconds"),
             "milliseconds between the fusion engine's cycles"),
     _config("HOROVOD_TIMELINE", "timeline", None, str, "path of a Chrome-trace timeline (rank 0)"),
-    _config("HOROVOD_STALL_CHECK_TIME_SECONDS", "stall_check_time", 60.0, float,
+    _config("HOROVOD_STALL_CHECK_TIME_SECONDS", "stall_check_time", 60.0, number(float, 0),
             "seconds before a tensor some ranks never submit is reported"),
-    _config("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "stall_shutdown_time", 120.0, float,
+    _config("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "stall_shutdown_time", 120.0, number(float, 0),
             "seconds of stall before the ops that wait fail; 0: never"),
     _config("HOROVOD_LOG_LEVEL", "log_level", "WARNING", parse_log_level,
             "Python logging level of the collectives and horovod_spark loggers on the ranks"),
-    _config("HOROVOD_SPARK_TIMEOUT", "timeout", 30.0, float,
+    _config("HOROVOD_SPARK_TIMEOUT", "timeout", 30.0, number(float, 0, above=True, unit="seconds"),
             "seconds without progress from a peer before an op raises CollectiveTimeout"),
-    _config("HOROVOD_SPARK_CONNECT_TIMEOUT", "connect_timeout", 60.0, float,
+    _config("HOROVOD_SPARK_CONNECT_TIMEOUT", "connect_timeout", 60.0,
+            number(float, 0, above=True, unit="seconds"),
             "seconds to reach the store and the peers at start-up"),
-    _config("HOROVOD_SPARK_BACKEND", "backend", "auto", str.lower, "auto, native, mpi or nccl"),
+    _config("HOROVOD_SPARK_BACKEND", "backend", "auto", choice("auto", "native", "mpi", "nccl"),
+            "auto, native, mpi or nccl"),
     _config("HOROVOD_SPARK_FORCE_TCP", "force_tcp", False, parse_bool,
             "every rank a host of its own, so one machine takes the TCP path"),
-    _config("HOROVOD_SPARK_SHM_SLOT_BYTES", "shm_slot_bytes", 4 * 1024 * 1024, int,
+    _config("HOROVOD_SPARK_SHM_SLOT_BYTES", "shm_slot_bytes", 4 * 1024 * 1024,
+            number(int, 4096, unit="bytes"),
             "bytes of shared-memory staging per local rank"),
     _config("HOROVOD_SPARK_SHM_CMA", "shm_cma", True, parse_bool,
             "large allreduces within a host read the peers' buffers in place"),
-    _config("HOROVOD_SPARK_MESH_INTEGRITY", "mesh_integrity", "control", str.lower,
+    _config("HOROVOD_SPARK_MESH_INTEGRITY", "mesh_integrity", "control",
+            choice("control", "payload", "off"),
             "what the native TCP transport tags after the handshake (HMAC-SHA256): control "
             "(op headers, mismatch notices, the job's coordination), payload (and every op's "
             "data), off; the same on every rank"),

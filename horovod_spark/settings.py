@@ -17,7 +17,7 @@ from collectives.settings import CONTRACT as _COLLECTIVES_CONTRACT
 from collectives.settings import SETTINGS as _COLLECTIVES
 from collectives.settings import FINISH_GRACE, Setting, parse_bool
 
-__all__ = ["DriverSettings", "table", "RENDEZVOUS", "CLIENT_ADDRESS", "WARM_START", "START_TIMEOUT",
+__all__ = ["DriverSettings", "table", "check_job_env", "driver_only", "RENDEZVOUS", "CLIENT_ADDRESS", "WARM_START", "START_TIMEOUT",
            "PARQUET_DIRECT", "TF_LANE", "TORCH_LANE", "CACHE", "PROGRESS", "LOG_CALLBACK", "DYNAMIC_PROCESS_SETS"]
 
 
@@ -88,11 +88,32 @@ class DriverSettings:
         env = os.environ if environ is None else environ
         job_env = dict(job_env)
         warn_unknown({**env, **job_env})
+        check_job_env(job_env)
         warm = WARM_START.read(job_env) if job_env.get(WARM_START.name) else WARM_START.read(env)
         grace = FINISH_GRACE.read(job_env if job_env.get(FINISH_GRACE.name) else env)
         return cls(rendezvous=RENDEZVOUS.read(env), client_address=CLIENT_ADDRESS.read(env),
                    warm_start=warm, start_timeout=START_TIMEOUT.read(env),
                    parquet_direct=PARQUET_DIRECT.read(env), finish_grace=grace)
+
+
+def check_job_env(job_env: Mapping[str, str]) -> None:
+    """Every variable of the table in a job's `env`, parsed on the driver before any rank
+    starts: a value the rank or the task would refuse (or, for a switch read only where it
+    is used, ignore) fails the job here, naming the variable."""
+    for setting in table():
+        if not setting.contract and job_env.get(setting.name, "") != "":
+            setting.read(job_env)
+
+
+def driver_only(job_env: Mapping[str, str], environ: Optional[Mapping[str, str]] = None
+                ) -> Tuple[Tuple[str, str], ...]:
+    """The rank- and task-side variables set in the driver's environment and not in the
+    job's `env`: a Spark rank sees them only where its executor's environment has them too
+    (its task says so when it does not, see `_job.task`)."""
+    env = os.environ if environ is None else environ
+    return tuple((s.name, env[s.name]) for s in table()
+                 if s.where != "driver" and not s.contract and env.get(s.name, "") != ""
+                 and s.name not in job_env)
 
 
 def warn_unknown(env: Mapping[str, str]) -> None:

@@ -226,7 +226,8 @@ class RankGroup:
                        exitcode=rc, tail=tail)
 
     def _root_cause(self, failed: list) -> RankFailed:
-        return RankFailed(root_cause([self._failure(r) for r in failed]))
+        finished = [r for r, p in enumerate(self.procs) if p.returncode == 0]
+        return RankFailed(root_cause([self._failure(r) for r in failed], finished))
 
     def wait_exit(self, timeout: Optional[float] = None, grace: float = FINISH_GRACE) -> None:
         """Wait for every rank to exit 0; raise RankFailed for the root cause otherwise.

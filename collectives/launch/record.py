@@ -27,7 +27,7 @@ import dataclasses
 import json
 import re
 import signal
-from typing import Any, Mapping, Optional, Sequence, Tuple
+from typing import Any, Collection, Mapping, Optional, Sequence, Tuple
 
 __all__ = ["Failure", "RankResult", "root_cause", "failure_text", "signal_name",
            "COMM_ERRORS", "DEATHS"]
@@ -36,6 +36,7 @@ COMM_ERRORS = ("PeerLostError", "CollectiveTimeout",
                "DistBackendError", "DistNetworkError", "DistStoreError")  # torch.distributed's
 DEATHS = ("ProcessDied", "ProcessExited", "SparkTaskFailed", "ExecutorLost")
 _PEER = re.compile(r"peer rank (\d+)")
+_RETURNED = "returned from its function and exited without calling init()"  # mesh.RETURNED
 _PEER_AT = re.compile(r"peer rank (\d+) at ([^\s)]+)")
 # A communication error a framework re-raised as its own type (TensorFlow turns an error in a
 # graph op into UnknownError, keeping the original's "PeerLostError: ..." line in its text), or
@@ -128,8 +129,9 @@ class Failure:
         return cls(**values)
 
 
-def root_cause(failures: Sequence[Failure]) -> Failure:
-    """The failure that explains the others (see the module docstring)."""
+def root_cause(failures: Sequence[Failure], finished: Collection[int] = ()) -> Failure:
+    """The failure that explains the others (see the module docstring); `finished`: the ranks
+    known to have returned and exited 0 (a pointing error at one of them says so)."""
     unique, seen = [], set()
     for f in failures:
         if f.rank is None or f.rank not in seen:
@@ -145,10 +147,14 @@ def root_cause(failures: Sequence[Failure]) -> Failure:
     for f in unique:
         peer = f.named_peer()
         if f.kind == "comm" and peer is not None and peer not in spoke:
+            returned = peer in finished or _RETURNED in f.message
             return dataclasses.replace(
-                f, rank=peer, host=None, exitcode=None, reported_by=f.rank,
-                hint=f"rank {peer} reported nothing itself: is it stopped, swapped out or cut "
-                     f"off? (rank {f.rank} saw it)")
+                f, rank=peer, host=None, exitcode=0 if returned else None, reported_by=f.rank,
+                hint=(f"rank {peer} returned from its function and exited 0 while rank {f.rank} "
+                      f"waited for it: every rank must call init() and the same collectives, "
+                      f"the same number of times" if returned else
+                      f"rank {peer} reported nothing itself: is it stopped, swapped out or cut "
+                      f"off? (rank {f.rank} saw it)"))
     pair = _partition(unique)
     if pair is not None:
         return pair

@@ -89,6 +89,26 @@ def _returns_value(rank: int) -> bool:
     return wanted is None or str(rank) in wanted.split(",")
 
 
+def _announce_if_never_joined(env: RankEnv) -> None:
+    """A function that returned without init(): say so where the others wait for this rank
+    (best effort: a store that is gone leaves them to their timeout, as before)."""
+    import collectives
+
+    if collectives.joined():
+        return
+    from collectives.rendezvous.mesh import announce_returned
+    from collectives.rendezvous.store import TCPStore
+
+    try:
+        store = TCPStore.connect(env.store_addr, env.secret, 5.0)
+        try:
+            announce_returned(store, env.rank, f"{env.job}/comm0")
+        finally:
+            store.close()
+    except Exception:  # noqa: BLE001 - the rank's own result matters more
+        pass
+
+
 def main() -> int:
     end = RankEnd.of_this_process()
     env = RankEnv.from_environ()
@@ -101,6 +121,7 @@ def main() -> int:
     try:
         fn, args, kwargs = _load(end.payload())
         value = fn(*args, **kwargs)
+        _announce_if_never_joined(env)
         try:
             result = RankResult(value_blob=cloudpickle.dumps(
                 value if _returns_value(env.rank) else None))

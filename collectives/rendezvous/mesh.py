@@ -85,6 +85,16 @@ def _shm_groups(peers: list, force_tcp: bool) -> tuple:
     return tuple(f"{p['host']}|{p.get('shm', '')}" for p in peers)
 
 
+#: What a rank that waits at init() for one that already returned says (record.py reads it).
+RETURNED = "the peer returned from its function and exited without calling init()"
+
+
+def announce_returned(store, rank: int, prefix: str) -> None:
+    """Said by a rank whose function returned without init(): the ranks that wait for its
+    address at theirs (under `prefix`, the first communicator's) fail at once, naming it."""
+    store.set(f"{prefix}/mesh/rank/{rank}", json.dumps({"returned": True}).encode())
+
+
 def _publish(store, rank, size, host, listener, prefix, timeout, integrity):
     addr, port = listener.getsockname()[:2]
     me = {"host": host, "addr": addr, "port": port, "pid": os.getpid(), "shm": shm_identity(),
@@ -98,6 +108,8 @@ def _publish(store, rank, size, host, listener, prefix, timeout, integrity):
             raise CollectiveTimeout(describe(
                 "rank never published its address", rank=rank, size=size, op="bootstrap",
                 peer=r, timeout=timeout, hint="did every rank start and call init()?")) from None
+        if peers[-1].get("returned"):
+            raise PeerLostError(describe(RETURNED, rank=rank, size=size, op="bootstrap", peer=r))
     said = {p.get("integrity") for p in peers}
     if len(said) > 1:
         raise ValueError(describe(

@@ -30,7 +30,7 @@ from .failure import JobFailedError, failure_of
 from .logchannel import LineSink, LogServer
 from .pickling import code_files, pickle_job
 from .quiet import failure_logs_off
-from ..settings import DriverSettings
+from ..settings import DriverSettings, driver_only
 from .watch import Watch
 from .task import TaskSpec, run_task
 from .warm import session_token
@@ -173,7 +173,8 @@ class BarrierJob:
                 raise
         fields = dict(env=opts.env, show_output=opts.show_output, rank0_only=opts.rank0_only,
                       executable=opts.executable, warm=opts.settings.warm_start,
-                      torch_layout=opts.torch_layout, zygote_token=session_token())
+                      torch_layout=opts.torch_layout, zygote_token=session_token(),
+                      driver_only=driver_only(dict(opts.env)))
         fields.update(spec_fields)
         spec = TaskSpec(job=job, secret=self.secret, task_key=self.task_key, payload=payload,
                         log_address=server.address if server else None,

@@ -130,4 +130,6 @@ def failure_of(server: Optional[LogServer], exc: BaseException, np_: int) -> Fai
     server.wait(lambda: len(server.failures) >= np_ or best() == 0,
                 SHORT_GRACE if best() == 1 else 0)
     records = arrived()
-    return root_cause(records) if records else spark
+    failed = {f.rank for f in records}
+    finished = [r for r in server.done if r not in failed]  # their task said done, no failure
+    return root_cause(records, finished) if records else spark

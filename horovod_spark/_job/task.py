@@ -78,6 +78,7 @@ class TaskSpec:
     torch_layout: str = "hosts"   # torchrun's variables: a node per host, or per task
     zygote_token: bytes = b""     # the session's token its zygotes prove (warm.session_token);
                                   # none: no warm start
+    driver_only: Tuple[Tuple[str, str], ...] = ()  # rank-side variables set only on the driver
 
 
 #: Seconds a GPU task waits for the other tasks of its host to publish their GPUs.
@@ -178,6 +179,7 @@ class RankProcess:
                                 list(gpus.addresses), GPU_EXCHANGE_TIMEOUT)
         self.env = env = child_env(self.spec, self.renv, visible)
         env.update(self.torchrun_environ())
+        self._say_driver_only(env)
         self.warm = (self.warm and gpus is None and bool(self.spec.zygote_token)
                      and WARM_START.read(env))  # the task's edge
         if self.warm:
@@ -195,6 +197,19 @@ class RankProcess:
                                  args=(pipe, functools.partial(self._line, stream), split_lines))
             t.start()
             self._pumps.append(t)
+
+    def _say_driver_only(self, env: dict) -> None:
+        """Rank 0's task names the rank-side variables the driver has and this rank has not
+        (or has with another value): set on the driver alone, they do nothing."""
+        missed = [(k, v) for k, v in self.spec.driver_only if env.get(k) != v]
+        if self.rank != 0 or not missed:
+            return
+        here = ", ".join(f"{k}={env[k]!r}" if k in env else f"no {k}" for k, _ in missed)
+        self.log.line("cb", f"horovod_spark: warning: "
+                            f"{', '.join(f'{k}={v!r}' for k, v in missed)} from the driver's "
+                            f"environment does nothing: the ranks read it, and their environment "
+                            f"is the executors' (rank 0 has {here}); pass it in the job's env "
+                            f"(run(env=...), HorovodRunner.run's env) or spark.executorEnv")
 
     def _forked(self, executable: str, env: dict):
         """The rank forked from the executor's zygote, or None; where it was not, the fresh

@@ -181,3 +181,37 @@ def test_a_bad_log_level_fails_the_ranks_naming_the_variable(tmp_path):
     out = _launch(tmp_path, "LOUD")
     assert out.returncode != 0
     assert "HOROVOD_LOG_LEVEL='LOUD' is not valid" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("name,value,says", [
+    ("HOROVOD_SPARK_BACKEND", "bogus", "expected auto, native, mpi or nccl"),
+    ("HOROVOD_SPARK_TIMEOUT", "-1", "expected a number of seconds, above 0"),
+    ("HOROVOD_SPARK_SHM_SLOT_BYTES", "0", "expected a whole number of bytes, at least 4096"),
+    ("HOROVOD_SPARK_TF_LANE", "bogus", "expected one of 1/true/yes/on or 0/false/no/off"),
+    ("HOROVOD_SPARK_ZYGOTE_IDLE_S", "bogus", "expected a number of seconds, above 0"),
+    ("HOROVOD_FUSION_THRESHOLD", "64MB", "expected a whole number of bytes, at least 0"),
+])
+def test_a_bad_value_in_a_jobs_env_fails_on_the_driver_naming_the_variable(name, value, says):
+    import horovod_spark
+
+    def never():
+        raise AssertionError("a rank started")
+
+    with pytest.raises(ValueError) as err:
+        horovod_spark.run(never, num_proc=-2, env={name: value})
+    assert str(err.value) == f"environment variable {name}={value!r} is not valid: {says}"
+
+
+def test_config_create_names_the_variable_a_bad_value_came_from():
+    with pytest.raises(ValueError, match=r"^environment variable HOROVOD_SPARK_TIMEOUT='0' is "
+                                         r"not valid"):
+        Config.create(env={"HOROVOD_SPARK_TIMEOUT": "0"})
+    with pytest.raises(ValueError, match=r"^Config.timeout must be > 0"):  # an argument: its name
+        Config.create({"timeout": 0})
+
+
+def test_rank_side_variables_only_the_driver_has_are_listed_for_the_task_to_name():
+    environ = {"HOROVOD_SPARK_TIMEOUT": "7", "HOROVOD_CYCLE_TIME": "2",
+               "HOROVOD_SPARK_WARM_START": "0", "HVS_RANK": "3"}  # a driver switch; the contract
+    assert settings.driver_only({"HOROVOD_CYCLE_TIME": "2"}, environ) == \
+        (("HOROVOD_SPARK_TIMEOUT", "7"),)

@@ -225,4 +225,15 @@ def large_result(mib):
     return bytes(out)
 
 
+def rank_1_skips_init():
+    """Rank 1 returns at once, never calling init(); rank 0 joins and allreduces."""
+    if int(os.environ["HVS_RANK"]) == 1:
+        return "skipped"
+    import collectives
+    import numpy as np
+
+    comm = collectives.init()
+    return comm.allreduce(np.ones(2)).tolist()
+
+
 cloudpickle.register_pickle_by_value(__import__(__name__))

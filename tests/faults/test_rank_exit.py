@@ -3,7 +3,8 @@
 An exception whose __str__ raises is still reported by type; under
 HorovodRunner only rank 0's value is pickled, so an unpicklable value on rank 1
 cannot fail the job; a rank that returns without hvd.shutdown() still closes
-its timeline; the job's secret does not reach the function's subprocesses.
+its timeline; the job's secret does not reach the function's subprocesses; a rank that
+returns without init() is the one blamed, at once, as such.
 """
 from __future__ import annotations
 
@@ -59,3 +60,26 @@ def test_the_job_secret_does_not_reach_the_functions_subprocesses(fault):
                             outdir=fault.outdir, timeout=60.0)
     assert out.error is None, out.error
     assert out.value == [("None", False)] * 2, out.value
+
+
+def _blames_the_rank_that_skipped_init(out):
+    assert out.error is not None, out.value
+    assert out.error.rank == 1, str(out.error)  # the rank that returned, not the one waiting
+    text = str(out.error)
+    assert "returned from its function and exited without calling init()" in text, text
+    assert "rank 1 returned from its function and exited 0 while rank 0 waited for it" in text
+    assert "swapped out" not in text
+    assert out.raised_at - out.started_at < 30, "the waiting rank waited for its timeout"
+
+
+def test_a_rank_that_returns_without_init_is_blamed_as_such_at_once(fault):
+    out = kit.run_local_job(ranks.rank_1_skips_init, 2, env=fault.env(), outdir=fault.outdir,
+                            timeout=90.0)
+    _blames_the_rank_that_skipped_init(out)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_on_spark_a_rank_that_returns_without_init_is_blamed_as_such_at_once(spark, fault):
+    out = kit.run_spark_job(ranks.rank_1_skips_init, 2, env=fault.env(), outdir=fault.outdir)
+    _blames_the_rank_that_skipped_init(out)

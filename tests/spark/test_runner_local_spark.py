@@ -236,3 +236,23 @@ def test_a_failing_driver_output_stream_never_fails_the_job(spark):
 def test_use_mpi_on_spark_is_refused_with_the_alternative(spark):
     with pytest.raises(ValueError, match="horovod-spark run --mpi"):
         horovod_spark.run(rank_and_value, args=(1,), num_proc=2, use_mpi=True)
+
+
+def seen_timeout():
+    import os
+    return os.environ.get("HOROVOD_SPARK_TIMEOUT")
+
+
+def test_a_rank_side_variable_only_the_driver_has_is_named_by_rank_0s_task(spark, monkeypatch):
+    # set after the session started: the executors' environment never gets it
+    monkeypatch.setenv("HOROVOD_SPARK_TIMEOUT", "7")
+    out = io.StringIO()
+    assert horovod_spark.run(seen_timeout, num_proc=2, stdout=out) == [None, None]
+    said = out.getvalue()
+    assert said.count("HOROVOD_SPARK_TIMEOUT='7' from the driver's environment does "
+                      "nothing") == 1, said  # once, from rank 0's task
+    assert "rank 0 has no HOROVOD_SPARK_TIMEOUT" in said and "run(env=...)" in said
+    out = io.StringIO()  # in the job's env it reaches the ranks, and nothing is said
+    assert horovod_spark.run(seen_timeout, num_proc=2, stdout=out,
+                             env={"HOROVOD_SPARK_TIMEOUT": "7"}) == ["7", "7"]
+    assert "does nothing" not in out.getvalue()
