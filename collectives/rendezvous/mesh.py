@@ -95,10 +95,21 @@ def announce_returned(store, rank: int, prefix: str) -> None:
     store.set(f"{prefix}/mesh/rank/{rank}", json.dumps({"returned": True}).encode())
 
 
-def _publish(store, rank, size, host, listener, prefix, timeout, integrity):
+def entry_of(host: str, listener, integrity: str) -> dict:
+    """What a rank publishes about itself: where it listens, its host, pid, /dev/shm, mode."""
     addr, port = listener.getsockname()[:2]
-    me = {"host": host, "addr": addr, "port": port, "pid": os.getpid(), "shm": shm_identity(),
-          "integrity": integrity}
+    return {"host": host, "addr": addr, "port": port, "pid": os.getpid(), "shm": shm_identity(),
+            "integrity": integrity}
+
+
+def _publish(store, rank, size, host, listener, prefix, timeout, integrity):
+    return exchange(store, rank, size, entry_of(host, listener, integrity), prefix, timeout)
+
+
+def exchange(store, rank: int, size: int, me: dict, prefix: str, timeout: float) -> list:
+    """The bootstrap's store phase: publish this rank's entry, read every rank's; the
+    entries in rank order (benchmarks/scale.py runs it for simulated ranks too)."""
+    integrity = me["integrity"]
     store.set(f"{prefix}/mesh/rank/{rank}", json.dumps(me).encode())
     peers = []
     for r in range(size):

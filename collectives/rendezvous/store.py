@@ -162,6 +162,10 @@ class StoreServer(InMemoryStore):
         self._listener = socket.create_server((bind, port), backlog=128)
         self.address = "%s:%d" % self._listener.getsockname()[:2]
         self.rejected = 0  # connections dropped for failing the handshake
+        #: what it served: connections (accepted, and most at once), requests, bytes in and out
+        #: (frames after the handshake), for benchmarks/scale.py
+        self.stats = {"connections": 0, "peak_connections": 0, "requests": 0, "bytes_in": 0,
+                      "bytes_out": 0}
         self._conns: set = set()
         self._threads: set = set()
         self._lock = threading.Lock()
@@ -192,6 +196,8 @@ class StoreServer(InMemoryStore):
                 self._gate.release(conn)
                 return
             self._conns.add(conn)
+            self.stats["connections"] += 1
+            self.stats["peak_connections"] = max(self.stats["peak_connections"], len(self._conns))
         self._spawn(self._serve, "store-conn", conn)
 
     def _serve(self, conn: socket.socket) -> None:
@@ -240,6 +246,10 @@ class StoreServer(InMemoryStore):
         status, out = self._dispatch(cmd, raw_key.decode(), value)
         front = bytes([status]) + struct.pack(">Q", len(out))
         conn.sendall(front + out + channel.seal(front, out))
+        with self._lock:
+            self.stats["requests"] += 1
+            self.stats["bytes_in"] += 13 + klen + vlen + auth.MAC
+            self.stats["bytes_out"] += len(front) + len(out) + auth.MAC
         return True
 
     def _dispatch(self, cmd, key, value):

@@ -24,6 +24,7 @@ _FACE = {
     "get_session": "session",
     "Cluster": "cluster", "is_connect": "cluster", "to_arrow": "cluster",
     "log_to_driver": "logchannel", "forward_warnings": "logchannel",
+    "LogServer": "logchannel", "LogClient": "logchannel", "LineSink": "logchannel",
     "pickle_job": "pickling", "code_files": "pickling",
     "run_task": "task", "run_mpi": "mpirun", "failure_logs_off": "quiet",
     "checks": None,  # the module itself: checks before submitting
