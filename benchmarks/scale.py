@@ -23,7 +23,7 @@ driver): the bootstrap's store phase (`collectives.rendezvous.mesh.exchange`, wi
 listening address a rank would publish), then the log channel (hello, 20 lines, done).
 What the driver serves is counted exactly; the times are this 2-core machine's, which
 runs the driver and every simulated rank at once, so read them for their growth.  The
-mesh's connections per rank come from the plan the real ranks use (`mesh.link_peers`).
+mesh's links per leader come from the plan the real ranks use (`plan.link_peers`).
 
 Each table ends with the fitted growth, the exponent b of cost = a * N^b (least squares on
 the logs). JSON goes to benchmarks/results/.
@@ -85,7 +85,7 @@ def _real_rank(lines: int, steps: int):
 
     for _ in range(5):
         step()
-    comm.barrier()
+    engine.submit("sync", "barrier").wait()  # (the engine's thread owns the communicator now)
     t = time.perf_counter()
     for _ in range(steps):
         step()
@@ -197,7 +197,7 @@ def _detect(n: int, env: dict, hosts) -> float:
 def _sim_worker(spec: dict) -> dict:
     """One worker process: its share of the simulated ranks, a thread each."""
     threading.stack_size(256 * 1024)
-    from collectives.rendezvous import mesh
+    from collectives.rendezvous import mesh, plan
     from collectives.rendezvous.store import TCPStore
     from horovod_spark._job import LogClient
 
@@ -205,14 +205,17 @@ def _sim_worker(spec: dict) -> dict:
     n, times, errors = spec["n"], {}, []
     lock = threading.Lock()
 
+    world = [f"h{q // spec['per_host']}" for q in range(n)]  # the launcher's placement
+    digest = plan.map_digest(world)
+
     def rank(r: int) -> None:
         try:
             t0 = time.monotonic()
             store = TCPStore.connect(spec["store"], secret, 600)
-            entry = {"host": f"h{r // spec['per_host']}", "addr": "127.0.0.1", "port": 10000 + r,
-                     "pid": os.getpid(), "shm": f"shm{r // spec['per_host']}",
-                     "integrity": "control"}
-            mesh.exchange(store, r, n, entry, spec["prefix"], 600)
+            entry = {"host": world[r], "addr": "127.0.0.1", "port": 10000 + r,
+                     "pid": os.getpid(), "shm": "shm", "integrity": "control", "tcp": False,
+                     "map": digest}
+            mesh.exchange(store, r, n, entry, spec["prefix"], 600, world)
             store.close()
             t1 = time.monotonic()
             log = LogClient(spec["log"], key, spec["job"], r, connect_timeout=600)
@@ -236,8 +239,8 @@ def _sim_worker(spec: dict) -> dict:
 
 
 def simulate(sizes, workers: int, per_host: int) -> list:
+    from collectives.rendezvous import plan
     from collectives.rendezvous.store import StoreServer
-    from collectives.rendezvous import mesh
     from horovod_spark._job import LineSink, LogServer
 
     rows = []
@@ -261,9 +264,9 @@ def simulate(sizes, workers: int, per_host: int) -> list:
         start, store_end = min(t[0] for t in times), max(t[1] for t in times)
         log_start, log_end = min(t[1] for t in times), max(t[2] for t in times)
         stats = dict(store.stats)
-        links = getattr(mesh, "link_peers", None)
-        per_rank = [len(links(r, n, [f"h{q // per_host}" for q in range(n)], False))
-                    for r in range(0, n, max(1, n // 64))] if links else [n - 1]
+        groups = [f"h{q // per_host}" for q in range(n)]
+        leaders = plan.leaders_of(groups)
+        per_rank = [len(plan.link_peers(r, groups, leaders)) for r in leaders]
         row = {"n": n, "store_s": store_end - start, "store_requests": stats["requests"],
                "store_bytes": stats["bytes_in"] + stats["bytes_out"],
                "store_connections": stats["connections"],

@@ -69,7 +69,8 @@ def _communicator(config: Config, environ: Mapping[str, str], renv: Optional[Ran
 
         store = TCPStore.connect(renv.store_addr, renv.secret, config.connect_timeout)
         return Communicator.create(store, renv.rank, renv.size, renv.host, renv.bind_addr,
-                                   renv.secret, f"{renv.job}/comm{gen}", config)
+                                   renv.secret, f"{renv.job}/comm{gen}", config,
+                                   hosts=renv.hosts)
     from .backends import mpi
 
     if config.backend == "mpi" or mpi.launched_by_mpiexec(environ):

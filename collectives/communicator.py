@@ -64,15 +64,17 @@ class Communicator:
 
     @classmethod
     def create(cls, store, rank: int, size: int, host: str, bind_addr: str, secret: bytes,
-               prefix: str, config: Optional[Config] = None) -> "Communicator":
-        """Bootstrap the native CPU backend over a mesh built through `store`."""
+               prefix: str, config: Optional[Config] = None,
+               hosts: Sequence[str] = ()) -> "Communicator":
+        """Bootstrap the native CPU backend over a mesh built through `store`; `hosts`:
+        every rank's host, where the launcher gave them (RankEnv.hosts)."""
         from .rendezvous.mesh import build_mesh
         from .backends.native import NativeBackend
 
         config = config or Config()
         mesh = build_mesh(store, rank, size, host, bind_addr, secret, prefix,
                           config.connect_timeout, force_tcp=config.force_tcp,
-                          integrity=config.mesh_integrity)
+                          integrity=config.mesh_integrity, hosts=hosts)
         comm = cls(NativeBackend(mesh, store, config, prefix), config, store=store, prefix=prefix)
         comm._boot = (host, bind_addr, secret)
         return comm

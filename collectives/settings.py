@@ -183,6 +183,8 @@ CONTRACT = tuple(Setting(name, None, parse, "rank", doc, contract=True) for name
     ("HVS_SECRET", str, "hex of the per-job secret, where no channel is given (a launch by hand)"),
     ("HVS_JOB", str, "key prefix of the attempt"),
     ("HVS_GPU_ORDINAL", int, "CUDA ordinal of this rank's own GPU (optional)"),
+    ("HVS_HOSTS", str, "every rank's host, in rank order (optional; the mesh's plan then "
+                       "needs no host map)"),
 )) + (WARM_REPORT, RETURN_RANKS)
 
 

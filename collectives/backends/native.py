@@ -16,6 +16,7 @@ A rank waiting on local rank 0 checks its pid, so a death there is named.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Optional, Sequence
 
@@ -38,6 +39,8 @@ TUNING = {
     # across hosts from twice this up: the leaders' ring one chunk at a time, overlapped
     # with the shared-memory phases of the chunks around it (0: never)
     "hier_chunk": 2 * 1024 * 1024,
+    # across hosts up to here by recursive doubling, not the ring (0: never); every rank alike
+    "doubling_bytes": 4096,
     "spin_us": 50,              # spin before yielding, when every local rank has a core
     "yield_us": 200,            # then yield the core before sleeping
     # when local ranks outnumber cores: barely spin, sleep at once, and sync less often
@@ -88,12 +91,15 @@ class NativeBackend(Backend):
         self._ctx = None
         self._mesh = mesh
         self._config = config
+        self._all_linked = mesh.lazy is None
+        self._link_lock = threading.Lock()
         tune = dict(TUNING)
         topo = mesh.topology
         order = topo.shm_order  # the native "hosts": groups that share one /dev/shm
         opts = _native.ContextOptions()
         opts.rank, opts.size = topo.rank, topo.size
-        opts.hosts = [order.index(topo.group_of(r)) for r in range(topo.size)]
+        at = {g: i for i, g in enumerate(order)}
+        opts.hosts = [at[topo.group_of(r)] for r in range(topo.size)]
         opts.pids = [int(p) for p in mesh.pids]
         opts.timeout_s = float(config.timeout)
         crowded = "crowded_" if len(topo.shm_ranks) > host_cores(topo, mesh.pids) else ""
@@ -106,6 +112,7 @@ class NativeBackend(Backend):
         opts.cma = bool(config.shm_cma)
         opts.tcp_chunk = int(tune["tcp_chunk"])
         opts.hier_chunk = int(tune["hier_chunk"])
+        opts.doubling_bytes = int(tune["doubling_bytes"])
         opts.seal_payload = mesh.integrity == "payload"
         fds = [-1] * topo.size
         for peer, sock in mesh.socks.items():
@@ -248,11 +255,26 @@ class NativeBackend(Backend):
 
     def alltoall(self, src, send_counts: Sequence[int], dst, recv_counts: Sequence[int],
                  dtype: DType) -> None:
-        self._native().alltoall(src, [int(c) for c in send_counts], dst,
-                                [int(c) for c in recv_counts], int(dtype))
+        self._every_pair().alltoall(src, [int(c) for c in send_counts], dst,
+                                    [int(c) for c in recv_counts], int(dtype))
 
     def adasum(self, buf, dtype: DType, segments: Sequence[int]) -> None:
-        self._native().adasum(buf, int(dtype), [int(n) for n in segments])
+        self._every_pair().adasum(buf, int(dtype), [int(n) for n in segments])
+
+    def _every_pair(self):
+        """The native context, linked to every rank of another group: alltoall (and Adasum,
+        whose exchanges are alltoalls) talk to every pair, which the bootstrap leaves
+        unlinked (rendezvous/plan.py); every rank comes here at the same op."""
+        ctx = self._native()
+        if not self._all_linked:
+            with self._link_lock:
+                if not self._all_linked:
+                    for peer, (sock, key, address) in self._mesh.connect_all().items():
+                        sock.setblocking(False)
+                        ctx.add_link(peer, sock.fileno(),
+                                     key if self._mesh.integrity != "off" else b"", address)
+                    self._all_linked = True
+        return ctx
 
     def barrier(self) -> None:
         self._native().barrier()

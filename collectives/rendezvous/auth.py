@@ -30,7 +30,8 @@ import time
 
 from ..errors import AuthenticationError
 
-__all__ = ["client_handshake", "server_handshake", "new_secret", "recv_exact", "Channel"]
+__all__ = ["client_handshake", "server_handshake", "new_secret", "recv_exact", "Channel",
+           "cut_short"]
 
 MAGIC = b"HVS1"
 NONCE = 32
@@ -123,6 +124,13 @@ def _run(sock: socket.socket, timeout: float, steps) -> Channel:
             sock.settimeout(old)
         except OSError:
             pass
+
+
+def cut_short(exc: AuthenticationError) -> bool:
+    """Whether a handshake failed because its connection ended or timed out (a server that
+    evicted it, a peer that went away), not because the peer proved nothing: worth another
+    connection."""
+    return isinstance(exc.__cause__, (OSError, ConnectionError))
 
 
 def server_handshake(sock: socket.socket, secret: bytes, context: str,

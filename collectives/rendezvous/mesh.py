@@ -1,34 +1,41 @@
-"""Bootstrap: a full mesh of authenticated TCP connections between ranks.
+"""Bootstrap: the authenticated TCP links a world's algorithms use, and no others.
 
-Each rank listens on its bind address (the task's address, never every
-interface), publishes `host:port`, its host identity and pid through the
-store in one collective round (with the identity of the /dev/shm it sees, which
-splits a host into shared-memory groups), then connects to every lower rank and accepts
-every higher one.  A connection proves the job secret (mutual HMAC) before
-its first payload byte, the peer's rank (sent with the handshake channel's tag),
-is read; one that fails is dropped and the listener keeps waiting for the real
-peer, so a stray or hostile connection never harms the job.  Each connection
-then has its *link key* (`auth.Channel.derive`), with which the native
-transport tags every frame it sends there (native/src/tcp/mac.h); the ranks
-agree on how much they tag (`settings.MESH_INTEGRITY`) before any frame moves.
+Each rank listens on its bind address (the task's address, never every interface) and
+publishes its *entry* (plan.py's terms: where it listens, its host, pid, the /dev/shm it
+sees, its integrity mode) in one store request.  Rank 0 reads every entry in one request
+and publishes the *plan*: the groups (only where a host is split by /dev/shm, or the
+launcher gave the ranks no placement), the mode, or the error every rank raises (a rank
+that never came, one that returned without init(), ranks that disagree).  Every rank reads
+the plan and the entries of its *links* and of its group (one request each), connects to
+its linked ranks below it and accepts those above: O(log n) links a leader, none else, and
+four requests a rank at the store.  A connection proves the job secret (mutual HMAC)
+before its first payload byte, the peer's rank (sent with the handshake channel's tag), is
+read; one that fails is dropped and the listener keeps waiting for the real peer, so a
+stray or hostile connection never harms the job.  Each connection then has its *link key*
+(`auth.Channel.derive`), with which the native transport tags every frame it sends there
+(native/src/tcp/mac.h).  Pairs the plan does not link connect the same way when an op
+first needs them (`Mesh.connect_all`: alltoall, Adasum).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import select
 import socket
 import struct
 import threading
 import time
-from typing import Dict
+from typing import Dict, Optional, Sequence
 
 from . import auth
+from . import plan as plan_mod
 from .accept import AcceptGate
 from ..backends.base import Topology
 from ..errors import AuthenticationError, CollectiveTimeout, PeerLostError, describe
 from ..settings import MESH_INTEGRITY
 from .store import Store
+from ..launch.rankenv import decode_hosts
 
 __all__ = ["Mesh", "build_mesh"]
 
@@ -44,6 +51,32 @@ class Mesh:
     rejected: int = 0  # connections dropped for failing the handshake
     keys: Dict[int, bytes] = dataclasses.field(default_factory=dict)  # link key per peer
     integrity: str = "control"  # what the native transport tags (settings.MESH_INTEGRITY)
+    #: what `connect_all` needs: (store, prefix, secret, bind address, timeout)
+    lazy: Optional[tuple] = None
+
+    def connect_all(self) -> Dict[int, tuple]:
+        """Connect this rank to every rank of another group it has no link to, as the
+        bootstrap did (every rank calls it at the same op: alltoall's and Adasum's first);
+        {rank: (socket, link key, address)} of the new links."""
+        store, prefix, secret, bind, timeout = self.lazy
+        rank, size = self.topology.rank, self.topology.size
+        topo = self.topology
+        mine = topo.group_of(rank)  # (within a group, shared memory carries it all)
+        missing = [r for r in range(size) if topo.group_of(r) != mine and r not in self.socks]
+        listener = socket.create_server((bind, 0), backlog=64)
+        try:
+            addr, port = listener.getsockname()[:2]
+            store.set(f"{prefix}/mesh/all/{rank}", json.dumps({"addr": addr, "port": port}).encode())
+            below = [r for r in missing if r < rank]
+            entries = dict(zip(below, (json.loads(v) for v in store.get_many(
+                [f"{prefix}/mesh/all/{r}" for r in below], timeout))))
+            socks, keys, rejected = _link(listener, rank, size, secret, timeout, missing, entries)
+        finally:
+            listener.close()
+        self.socks.update(socks)
+        self.keys.update(keys)
+        self.rejected += rejected
+        return {r: (socks[r], keys[r], "%s:%d" % socks[r].getpeername()[:2]) for r in socks}
 
     def close(self) -> None:
         for s in self.socks.values():
@@ -78,13 +111,6 @@ def shm_identity(path: str = "/dev/shm") -> str:
     return f"{boot}:{st.st_dev}:{st.st_ino}"
 
 
-def _shm_groups(peers: list, force_tcp: bool) -> tuple:
-    """Per rank: its host, split by what /dev/shm it sees (see shm_identity)."""
-    if force_tcp:
-        return tuple(f"{p['host']}#{r}" for r, p in enumerate(peers))
-    return tuple(f"{p['host']}|{p.get('shm', '')}" for p in peers)
-
-
 #: What a rank that waits at init() for one that already returned says (record.py reads it).
 RETURNED = "the peer returned from its function and exited without calling init()"
 
@@ -95,47 +121,75 @@ def announce_returned(store, rank: int, prefix: str) -> None:
     store.set(f"{prefix}/mesh/rank/{rank}", json.dumps({"returned": True}).encode())
 
 
-def entry_of(host: str, listener, integrity: str) -> dict:
-    """What a rank publishes about itself: where it listens, its host, pid, /dev/shm, mode."""
+def entry_of(host: str, listener, integrity: str, force_tcp: bool = False,
+             hosts: Sequence[str] = ()) -> dict:
+    """What a rank publishes about itself (plan.py's entry); `hosts`: the placement its
+    launcher gave it (only its digest travels)."""
     addr, port = listener.getsockname()[:2]
     return {"host": host, "addr": addr, "port": port, "pid": os.getpid(), "shm": shm_identity(),
-            "integrity": integrity}
+            "integrity": integrity, "tcp": bool(force_tcp), "map": plan_mod.map_digest(hosts)}
 
 
-def _publish(store, rank, size, host, listener, prefix, timeout, integrity):
-    return exchange(store, rank, size, entry_of(host, listener, integrity), prefix, timeout)
+def _key(prefix: str, r: int) -> str:
+    return f"{prefix}/mesh/rank/{r}"
 
 
-def exchange(store, rank: int, size: int, me: dict, prefix: str, timeout: float) -> list:
-    """The bootstrap's store phase: publish this rank's entry, read every rank's; the
-    entries in rank order (benchmarks/scale.py runs it for simulated ranks too)."""
-    integrity = me["integrity"]
-    store.set(f"{prefix}/mesh/rank/{rank}", json.dumps(me).encode())
-    peers = []
-    for r in range(size):
-        try:
-            peers.append(json.loads(store.get(f"{prefix}/mesh/rank/{r}", timeout)))
-        except CollectiveTimeout:
-            raise CollectiveTimeout(describe(
-                "rank never published its address", rank=rank, size=size, op="bootstrap",
-                peer=r, timeout=timeout, hint="did every rank start and call init()?")) from None
-        if peers[-1].get("returned"):
-            raise PeerLostError(describe(RETURNED, rank=rank, size=size, op="bootstrap", peer=r))
-    said = {p.get("integrity") for p in peers}
-    if len(said) > 1:
-        raise ValueError(describe(
-            "ranks disagree on HOROVOD_SPARK_MESH_INTEGRITY: " + ", ".join(
-                f"rank {r}: {p.get('integrity')}" for r, p in enumerate(peers)),
-            rank=rank, size=size, op="bootstrap",
-            hint="give every rank the same value (the job's environment)"))
-    return peers
+def _rank0_plan(store, size: int, prefix: str, timeout: float) -> dict:
+    """Every entry, then the plan (or the error, as a plan every rank raises)."""
+    keys = [_key(prefix, r) for r in range(size)]
+    try:
+        entries = [json.loads(v) for v in store.get_many(keys, timeout)]
+    except CollectiveTimeout:
+        missing = next((r for r, k in enumerate(keys) if not store.check(k)), None)
+        return {"error": {"kind": "timeout", "what": "rank never published its address",
+                          "peer": missing, "hint": "did every rank start and call init()?"}}
+    for r, e in enumerate(entries):
+        if e.get("returned"):
+            return {"error": {"kind": "lost", "what": RETURNED, "peer": r}}
+    try:
+        return plan_mod.make_plan(entries)
+    except plan_mod.PlanError as exc:
+        return {"error": {"kind": exc.kind, "what": exc.what, "peer": exc.peer, "hint": exc.hint}}
 
 
-def _accept_peers(listener, rank, size, secret, deadline, socks, errors, stats, keys):
-    """Accept every higher rank; each handshake runs in its own thread, so a silent
-    or slow stranger never holds up the real peers behind it, and at most
+def _raise_plan_error(err: dict, rank: int, size: int, timeout: float) -> None:
+    cls = {"timeout": CollectiveTimeout, "lost": PeerLostError}.get(err["kind"], ValueError)
+    raise cls(describe(err["what"], rank=rank, size=size, op="bootstrap", peer=err.get("peer"),
+                       timeout=timeout if err["kind"] == "timeout" else None,
+                       hint=err.get("hint")))
+
+
+def exchange(store, rank: int, size: int, me: dict, prefix: str, timeout: float,
+             hosts: Sequence[str] = ()) -> tuple:
+    """The bootstrap's store phase (see the module docstring): (the plan, every rank's host,
+    every rank's group, {rank: entry} of this rank's links and group).  `hosts`: the
+    placement this rank's launcher gave it, if any (benchmarks/scale.py runs this for
+    simulated ranks too)."""
+    store.set(_key(prefix, rank), json.dumps(me).encode())
+    if rank == 0:
+        store.set(f"{prefix}/mesh/plan", plan_mod.encode(_rank0_plan(store, size, prefix, timeout)))
+    try:  # longer than rank 0 waits for a late rank, so its account of it arrives first
+        plan = plan_mod.decode(store.get(f"{prefix}/mesh/plan", timeout * 1.25 + 5.0))
+    except CollectiveTimeout:
+        raise CollectiveTimeout(describe(
+            "rank 0 never published the mesh's plan", rank=rank, size=size, op="bootstrap",
+            peer=0, timeout=timeout, hint="did rank 0 start and call init()?")) from None
+    if "error" in plan:
+        _raise_plan_error(plan["error"], rank, size, timeout)
+    world = decode_hosts(plan["hosts"]) if "hosts" in plan else tuple(hosts)
+    groups = plan_mod.groups_of(plan, world)
+    wanted = sorted(set(plan_mod.link_peers(rank, groups)) |
+                    {r for r in range(size) if groups[r] == groups[rank] and r != rank})
+    entries = dict(zip(wanted, (json.loads(v) for v in
+                                store.get_many([_key(prefix, r) for r in wanted], timeout))))
+    return plan, world, groups, entries
+
+
+def _accept_peers(listener, rank, size, secret, deadline, socks, errors, stats, keys, want):
+    """Accept the ranks of `want` (above this one); each handshake runs in its own thread,
+    so a silent or slow stranger never holds up the real peers behind it, and at most
     MAX_PENDING wait at once, as at every other server (`accept.AcceptGate`)."""
-    want = set(range(rank + 1, size))
+    want = set(want)
     lock, done = threading.Lock(), threading.Event()
     gate = AcceptGate()
 
@@ -162,25 +216,35 @@ def _accept_peers(listener, rank, size, secret, deadline, socks, errors, stats, 
             keys[peer] = key
             if not want:
                 done.set()
+                if wake:  # the accept loop returns now, not at its next timeout
+                    os.write(wake[1], b"x")
 
     if not want:
         return
-    while not done.is_set():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            with lock:
-                errors.append(CollectiveTimeout(describe(
-                    f"ranks {sorted(want)} never connected", rank=rank, size=size, op="bootstrap")))
-            return
-        listener.settimeout(min(left, 0.2))
-        try:
-            conn, _ = listener.accept()
-        except socket.timeout:
-            continue
-        except OSError:  # the listener was closed: bootstrap failed elsewhere
-            return
-        gate.admit(conn)
-        threading.Thread(target=vet, args=(conn,), daemon=True).start()
+    wake_r, wake_w = wake = list(os.pipe())
+    try:
+        while not done.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                with lock:
+                    errors.append(CollectiveTimeout(describe(
+                        f"ranks {sorted(want)} never connected", rank=rank, size=size,
+                        op="bootstrap")))
+                return
+            ready, _, _ = select.select([listener, wake_r], [], [], min(left, 1.0))
+            if listener not in ready:
+                continue
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # the listener was closed: bootstrap failed elsewhere
+                return
+            if gate.admit(conn):  # (else closed: a real peer connects again)
+                threading.Thread(target=vet, args=(conn,), daemon=True).start()
+    finally:
+        with lock:  # a vet thread that finishes later writes nowhere
+            wake.clear()
+            os.close(wake_r)
+            os.close(wake_w)
 
 
 def _connect_peer(rank, size, peer, info, secret, deadline):
@@ -205,37 +269,58 @@ def _connect_peer(rank, size, peer, info, secret, deadline):
 
 def build_mesh(store: Store, rank: int, size: int, host: str, bind_addr: str, secret: bytes,
                prefix: str, timeout: float, force_tcp: bool = False,
-               integrity: str = "control") -> Mesh:
-    """Connect every pair of ranks; see the module docstring."""
+               integrity: str = "control", hosts: Sequence[str] = ()) -> Mesh:
+    """The links of this rank (see the module docstring); `hosts`: every rank's host, where
+    the launcher gave them (RankEnv.hosts)."""
     if not 0 <= rank < size:
         raise ValueError(f"rank {rank} is outside the world of size {size}")
     if integrity not in MESH_INTEGRITY:
         raise ValueError(f"HOROVOD_SPARK_MESH_INTEGRITY must be one of {', '.join(MESH_INTEGRITY)}, "
                          f"got {integrity!r}")
-    listener = socket.create_server((bind_addr, 0), backlog=max(size, 16))
+    hosts = tuple(hosts) if len(hosts) == size else ()
+    listener = socket.create_server((bind_addr, 0), backlog=64)
     try:
-        peers = _publish(store, rank, size, host, listener, prefix, timeout, integrity)
-        deadline = time.monotonic() + timeout
-        socks: Dict[int, socket.socket] = {}
-        keys: Dict[int, bytes] = {}
-        errors: list = []
-        stats = {"rejected": 0}
-        acceptor = threading.Thread(target=_accept_peers, daemon=True,
-                                    args=(listener, rank, size, secret, deadline, socks, errors,
-                                          stats, keys))
-        acceptor.start()
-        for peer in range(rank):
-            socks[peer], keys[peer] = _connect_peer(rank, size, peer, peers[peer], secret, deadline)
-        acceptor.join()
-        if errors:
-            for s in socks.values():
-                s.close()
-            raise errors[0]
+        me = entry_of(host, listener, integrity, force_tcp, hosts)
+        plan, world, groups, entries = exchange(store, rank, size, me, prefix, timeout, hosts)
+        links = plan_mod.link_peers(rank, groups)
+        socks, keys, rejected = _link(listener, rank, size, secret, timeout, links, entries)
     finally:
         listener.close()
-    hosts = tuple(f"{p['host']}#{r}" if force_tcp else p["host"] for r, p in enumerate(peers))
-    addresses = tuple(f"{p['addr']}:{p['port']}" for p in peers)
-    topo = Topology(rank=rank, size=size, hosts=hosts, addresses=addresses,
-                    shm_groups=_shm_groups(peers, force_tcp))
-    return Mesh(topology=topo, socks=socks, pids=tuple(p["pid"] for p in peers),
-                addresses=addresses, rejected=stats["rejected"], keys=keys, integrity=integrity)
+    entries[rank] = me
+    names = tuple(f"{h}#{r}" if plan.get("tcp") else h for r, h in enumerate(world))
+    addresses = tuple(f"{entries[r]['addr']}:{entries[r]['port']}" if r in entries else ""
+                      for r in range(size))
+    split = plan.get("tcp") or "groups" in plan
+    topo = Topology(rank=rank, size=size, hosts=names, addresses=addresses,
+                    shm_groups=tuple(groups) if split else ())
+    return Mesh(topology=topo, socks=socks, pids=tuple(entries[r]["pid"] if r in entries else 0
+                                                       for r in range(size)),
+                addresses=addresses, rejected=rejected, keys=keys, integrity=plan["integrity"],
+                lazy=(store, prefix, secret, bind_addr, timeout))
+
+
+def _link(listener, rank: int, size: int, secret: bytes, timeout: float, peers: Sequence[int],
+          entries: Dict[int, dict]) -> tuple:
+    """Connect to the `peers` below this rank, accept those above: (socks, keys) by rank,
+    and how many strangers' connections were dropped."""
+    deadline = time.monotonic() + timeout
+    socks: Dict[int, socket.socket] = {}
+    keys: Dict[int, bytes] = {}
+    errors: list = []
+    stats = {"rejected": 0}
+    above = {p for p in peers if p > rank}
+    acceptor = threading.Thread(target=_accept_peers, daemon=True,
+                                args=(listener, rank, size, secret, deadline, socks, errors,
+                                      stats, keys, above))
+    acceptor.start()
+    try:
+        for peer in (p for p in peers if p < rank):
+            socks[peer], keys[peer] = _connect_peer(rank, size, peer, entries[peer], secret,
+                                                    deadline)
+    finally:
+        acceptor.join()
+    if errors:
+        for s in socks.values():
+            s.close()
+        raise errors[0]
+    return socks, keys, stats["rejected"]

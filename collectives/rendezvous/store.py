@@ -14,7 +14,10 @@ Wire format after the handshake (all integers big-endian):
 The tag is the connection's `auth.Channel` seal (session key, direction,
 sequence number); a request whose tag fails is never acted on.
 
-GET carries its timeout in milliseconds as the value; ADD carries an i64.
+GET carries its timeout in milliseconds as the value; ADD carries an i64.  MGET (get many)
+carries the timeout (i64 ms) then the keys, each a u32 length and its bytes, and waits
+for all of them; its reply is each value, a u64 length and its bytes, in the keys' order:
+one round trip for what would be one per key.
 
 Closing a server ends every thread it started: the listener is shut down (on
 Linux close() alone does not wake a blocked accept()), every connection is
@@ -30,17 +33,18 @@ import time
 from typing import Iterable, Optional
 
 from . import auth
-from .accept import AcceptGate, accept_loop
+from .accept import BACKLOG, AcceptGate, accept_loop
 from ..errors import AuthenticationError, CollectiveError, CollectiveTimeout, PeerLostError, describe
 
 __all__ = ["Store", "InMemoryStore", "ForeignStore", "TCPStore", "StoreServer"]
 
-_SET, _GET, _ADD, _DEL, _CHECK = 1, 2, 3, 4, 5
+_SET, _GET, _ADD, _DEL, _CHECK, _MGET = 1, 2, 3, 4, 5, 6
 _OK, _TIMEOUT, _ERROR = 0, 1, 2
 MAX_KEY = 4096
 MAX_VALUE = 1 << 31
 JOIN_TIMEOUT = 5.0  # how long close() waits for the server's threads to end
-_NAMES = {_SET: "set", _GET: "get", _ADD: "add", _DEL: "delete", _CHECK: "check"}
+_NAMES = {_SET: "set", _GET: "get", _ADD: "add", _DEL: "delete", _CHECK: "check",
+          _MGET: "get_many"}
 
 
 class Store:
@@ -62,10 +66,16 @@ class Store:
         raise NotImplementedError
 
     def wait(self, keys: Iterable[str], timeout: Optional[float] = None) -> None:
+        self.get_many(keys, timeout)
+
+    def get_many(self, keys: Iterable[str], timeout: Optional[float] = None) -> list:
+        """The values of `keys`, in order, waiting for each (one deadline for all)."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        out = []
         for key in keys:
             left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-            self.get(key, left)
+            out.append(self.get(key, left))
+        return out
 
     def close(self) -> None:
         pass
@@ -143,6 +153,17 @@ class InMemoryStore(Store):
             self._cond.notify_all()
 
 
+def _unpack_keys(body: bytes) -> list:
+    keys, at = [], 0
+    while at < len(body):
+        n = struct.unpack(">I", body[at:at + 4])[0]
+        if n > MAX_KEY:
+            raise ValueError("key too long")
+        keys.append(body[at + 4:at + 4 + n].decode())
+        at += 4 + n
+    return keys
+
+
 def _send_frame(sock, channel: auth.Channel, head: bytes, key: bytes, value: bytes) -> None:
     """One request: head, key and value with their lengths, then the frame's tag."""
     front = head + struct.pack(">I", len(key)) + key + struct.pack(">Q", len(value))
@@ -159,7 +180,7 @@ class StoreServer(InMemoryStore):
     def __init__(self, bind: str, port: int, secret: bytes) -> None:
         super().__init__()
         self._secret = secret
-        self._listener = socket.create_server((bind, port), backlog=128)
+        self._listener = socket.create_server((bind, port), backlog=BACKLOG)
         self.address = "%s:%d" % self._listener.getsockname()[:2]
         self.rejected = 0  # connections dropped for failing the handshake
         #: what it served: connections (accepted, and most at once), requests, bytes in and out
@@ -267,6 +288,10 @@ class StoreServer(InMemoryStore):
                 return _OK, b""
             if cmd == _CHECK:
                 return _OK, b"1" if self.check(key) else b"0"
+            if cmd == _MGET:
+                ms = struct.unpack(">q", value[:8])[0]
+                values = self.get_many(_unpack_keys(value[8:]), None if ms < 0 else ms / 1000.0)
+                return _OK, b"".join(struct.pack(">Q", len(v)) + v for v in values)
         except CollectiveTimeout as exc:
             return _TIMEOUT, str(exc).encode()
         except Exception as exc:  # reported to the client, never crashes the server
@@ -313,13 +338,20 @@ class TCPStore(Store):
         while True:
             try:
                 sock = socket.create_connection((host, int(port)), timeout=max(deadline - time.monotonic(), 0.1))
-                break
             except OSError as exc:
                 if time.monotonic() > deadline:
                     raise PeerLostError(f"cannot reach the rendezvous store at {address}: {exc}") from exc
                 time.sleep(0.05)
-        channel = auth.client_handshake(sock, secret, "store",
-                                        timeout=max(deadline - time.monotonic(), 1.0))
+                continue
+            try:
+                channel = auth.client_handshake(sock, secret, "store",
+                                                timeout=max(deadline - time.monotonic(), 1.0))
+                break
+            except AuthenticationError as exc:  # cut short (a busy server evicted it): again
+                sock.close()
+                if not auth.cut_short(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
         sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return cls(sock, address, channel)
@@ -358,6 +390,19 @@ class TCPStore(Store):
 
     def check(self, key):
         return self._call(_CHECK, key) == b"1"
+
+    def get_many(self, keys, timeout=None):
+        keys = list(keys)
+        ms = -1 if timeout is None else int(timeout * 1000)
+        body = struct.pack(">q", ms) + b"".join(struct.pack(">I", len(k.encode())) + k.encode()
+                                                for k in keys)
+        out = self._call(_MGET, keys[0] if keys else "", body)
+        values, at = [], 0
+        while at < len(out):
+            n = struct.unpack(">Q", out[at:at + 8])[0]
+            values.append(out[at + 8:at + 8 + n])
+            at += 8 + n
+        return values
 
     def close(self):
         """Close the connection; a request blocked on it in another thread fails at once."""

@@ -43,8 +43,8 @@ import threading
 import time
 from typing import Callable, Optional
 
-from collectives.errors import CollectiveError
-from collectives.rendezvous.accept import AcceptGate, accept_loop
+from collectives.errors import AuthenticationError, CollectiveError
+from collectives.rendezvous.accept import BACKLOG, AcceptGate, accept_loop
 
 from ..progress.marks import CALLBACK_MARK  # a line a rank wrote with `log_to_driver`
 from ..settings import LOG_CALLBACK
@@ -222,7 +222,7 @@ class LogServer:
                  handshake_timeout: float = 10.0) -> None:
         self._secret, self.job, self.sink = secret, job, sink
         self._timeout = handshake_timeout
-        self._listener = socket.create_server((bind, 0), backlog=256)
+        self._listener = socket.create_server((bind, 0), backlog=BACKLOG)
         host, port = self._listener.getsockname()[:2]
         self.address = f"{host}:{port}"
         self._cond = threading.Condition()
@@ -349,11 +349,21 @@ class LogClient:
         self._sender.start()
 
     def _connect(self) -> socket.socket:
-        from collectives.rendezvous.auth import client_handshake
+        from collectives.rendezvous.auth import client_handshake, cut_short
 
         host, port = self.address.rsplit(":", 1)
-        sock = socket.create_connection((host, int(port)), timeout=self._connect_timeout)
-        self._channel = client_handshake(sock, self._secret, "log", self._connect_timeout)
+        deadline = time.monotonic() + self._connect_timeout
+        while True:  # a handshake a busy server cut short is tried again, within the timeout
+            left = max(deadline - time.monotonic(), 0.1)
+            sock = socket.create_connection((host, int(port)), timeout=left)
+            try:
+                self._channel = client_handshake(sock, self._secret, "log", left)
+                break
+            except AuthenticationError as exc:
+                sock.close()
+                if not cut_short(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
         sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         send_frame(sock, {"t": "hello", "job": self._job, "rank": self.rank}, self._channel)

@@ -193,6 +193,14 @@ class SparkStore(StoreServer):
         remote = self._job_store() if self.is_shared(key) else None
         return super().get(key, timeout) if remote is None else remote.get(key, timeout)
 
+    def get_many(self, keys, timeout=None):
+        keys = list(keys)
+        shared = [self.is_shared(k) for k in keys]
+        remote = self._job_store() if any(shared) else None
+        if remote is None or not all(shared):  # (a mix: each key where it lives)
+            return [self.get(k, timeout) for k in keys]
+        return remote.get_many(keys, timeout)  # one request to the job store
+
     def add(self, key, amount):
         remote = self._job_store() if self.is_shared(key) else None
         return super().add(key, amount) if remote is None else remote.add(key, amount)

@@ -92,10 +92,9 @@ def task_hosts(ctx) -> list:
 
 def placement(hosts: list, rank: int, spec: TaskSpec, store_addr: str):
     """This task's RankEnv: local rank = order among the ranks on the same host."""
-    from collectives.launch import rank_envs
+    from collectives.launch.rankenv import rank_env
 
-    renv = rank_envs(len(hosts), store_addr, spec.secret, spec.job, hosts)[rank]
-    return dataclasses.replace(renv, bind_addr=hosts[rank])
+    return rank_env(rank, hosts, store_addr, spec.secret, spec.job, bind_addr=hosts[rank])
 
 
 def _python_path() -> str:

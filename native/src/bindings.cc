@@ -169,12 +169,20 @@ void bind_context(py::module_& m) {
       .def_readwrite("cma", &ContextOptions::cma)
       .def_readwrite("tcp_chunk", &ContextOptions::tcp_chunk)
       .def_readwrite("hier_chunk", &ContextOptions::hier_chunk)
+      .def_readwrite("doubling_bytes", &ContextOptions::doubling_bytes)
       .def_readwrite("seal_payload", &ContextOptions::seal_payload);
 
   py::class_<PyContext>(m, "Context")
       .def(py::init<ContextOptions, std::vector<int>, PySegment*, std::vector<std::string>,
                     std::vector<py::bytes>>(),
            "options"_a, "fds"_a, "segment"_a, "addresses"_a, "keys"_a = std::vector<py::bytes>())
+      .def("add_link", [](PyContext& c, int peer, int fd, py::bytes key, std::string address) {
+        const ContextOptions& o = c.ctx_->options();
+        if (peer < 0 || peer >= o.size || peer == o.rank) throw py::value_error("add_link: no such peer");
+        Status st = c.ctx_->add_link(peer, fd, std::string(key));
+        if (!st.ok()) raise_status(st, Where{o.rank, o.size, &c.addresses_, o.timeout_s}, "connect", -1);
+        c.addresses_[peer] = std::move(address);
+      }, "peer"_a, "fd"_a, "key"_a, "address"_a)
       .def_property_readonly("hierarchical", [](PyContext& c) { return c.ctx_->hierarchical(); })
       .def_property_readonly("cma", [](PyContext& c) { return std::string(c.ctx_->cma_state()); })
       .def_property_readonly("stats", [](PyContext& c) {

@@ -55,6 +55,15 @@ Context::Context(ContextOptions opt, std::vector<int> fds, std::unique_ptr<Segme
   }
 }
 
+Status Context::add_link(int peer, int fd, const std::string& key) {
+  Link& l = links_[peer];
+  if (l.fd >= 0) return HVS_ERROR(Code::kInvalid, "a link to that peer exists already", peer);
+  l = Link{fd, peer, false};
+  l.me = opt_.rank;
+  if (!key.empty()) l.key = std::make_shared<MacKey>(key);
+  return make_nonblocking(fd);
+}
+
 Status Context::check_usable() {
   ++agree_.seq;
   agree_.tag = OpTag();
@@ -75,9 +84,9 @@ Status Context::fail(Status st) {
     failure_ = st.what();
     failed_peer_ = st.peer();
     if (shm_) shm_->mark_aborted(st.code());
-    // peers waiting for our header get this instead: a mismatch, or with every payload tagged a
-    // forged frame found here (one that every rank learnt in a confirmation round is no news)
-    const bool forged_here = st.code() == Code::kIntegrity && opt_.seal_payload && !confirmed_failure_;
+    // peers waiting for our header get this instead: a mismatch, or a forged frame found
+    // here (one that every rank learnt in a confirmation round is no news)
+    const bool forged_here = st.code() == Code::kIntegrity && !confirmed_failure_;
     if (st.code() == Code::kMismatch || forged_here)
       send_notices(links_, make_notice(agree_, st), std::min<uint64_t>(seconds_to_ns(opt_.timeout_s), kNoticeBudgetNs));
   }
@@ -181,8 +190,9 @@ Status Context::allreduce_op(const void* src, void* dst, size_t count, DType dt,
   // sizes and options alone, never of a host's shared memory.
   const bool pipe = !leaders_.empty() && opt_.hier_chunk && count * elem >= 2 * opt_.hier_chunk;
   const size_t chunk = pipe ? std::clamp<size_t>(opt_.hier_chunk / elem, 1, 0xffffffffu) : 0;
+  const bool doubling = !leaders_.empty() && !cma && !pipe && count && count * elem <= opt_.doubling_bytes;
   tag(OpTag{OpTag::kAllreduce, static_cast<int>(dt), static_cast<int>(op), -1, count,
-            cma ? kCmaDigest : pipe ? kPipeDigest + chunk : 0});
+            cma ? kCmaDigest : pipe ? kPipeDigest + chunk : doubling ? kDoublingDigest : 0});
   if (cma) {
     bool used = false;
     HVS_CHECK(shm_allreduce_cma(*shm_, src, dst, count, elem, fn, opt_.cma_chunk, &used));
@@ -226,6 +236,9 @@ Status Context::allgather_op(const void* src, void* dst, const std::vector<size_
   return Status();
 }
 
+// The chain runs along the leaders' ring from the root's host's leader, so it needs only
+// the ring's links (tcp/ plan: i +- 1); where the root is not that leader, its host's
+// shared memory hands the leader the data first.
 Status Context::broadcast_op(void* buf, size_t count, DType dt, int root) {
   HVS_CHECK(check_usable());
   if (root < 0 || root >= opt_.size)
@@ -233,19 +246,21 @@ Status Context::broadcast_op(void* buf, size_t count, DType dt, int root) {
   Span all{static_cast<char*>(buf), count * itemsize(dt)};
   tag(OpTag{OpTag::kBroadcast, static_cast<int>(dt), -1, root, count, 0});
   const int root_host = opt_.hosts[root];
-  if (!leaders_.empty()) {
-    std::vector<int> chain{root};  // the root, then one rank of every other host
-    for (int l : leaders_)
-      if (opt_.hosts[l] != root_host) chain.push_back(l);
-    if (is_member(chain, opt_.rank)) {
-      TcpGroup g = tcp_group(chain);
-      HVS_CHECK(chain_broadcast(g, all.ptr, all.len));
-    }
+  const bool on_root_host = opt_.hosts[opt_.rank] == root_host;
+  int lead = root;  // the leader of the root's host
+  for (int l : leaders_)
+    if (opt_.hosts[l] == root_host) lead = l;
+  const bool first_here = shm_ && on_root_host && lead != root;
+  if (first_here) HVS_CHECK(shm_broadcast(*shm_, {all}, index_of(locals_, root)));
+  if (!leaders_.empty() && is_member(leaders_, opt_.rank)) {
+    const int n = static_cast<int>(leaders_.size()), at = index_of(leaders_, lead);
+    std::vector<int> chain;
+    for (int i = 0; i < n; ++i) chain.push_back(leaders_[(at + i) % n]);
+    TcpGroup g = tcp_group(chain);
+    HVS_CHECK(chain_broadcast(g, all.ptr, all.len));
   }
-  if (shm_) {
-    int local_root = opt_.hosts[opt_.rank] == root_host ? index_of(locals_, root) : 0;
-    HVS_CHECK(shm_broadcast(*shm_, {all}, local_root));
-  }
+  if (shm_ && !first_here)
+    HVS_CHECK(shm_broadcast(*shm_, {all}, on_root_host ? index_of(locals_, root) : 0));
   return Status();
 }
 

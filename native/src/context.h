@@ -52,6 +52,9 @@ struct ContextOptions {
   size_t tcp_chunk = 512 * 1024;
   // hierarchical allreduce from twice this up: pipelined in chunks of this (hier.cc); 0: never
   size_t hier_chunk = 2 * 1024 * 1024;
+  // allreduce across hosts up to here by recursive doubling (tcp/doubling.cc), not the ring;
+  // 0: never.  The same on every rank (it is in the op's tag)
+  size_t doubling_bytes = 4096;
   bool seal_payload = false;  // every op's TCP payload carries a tag (tcp/mac.h), not only its headers
 };
 
@@ -79,6 +82,10 @@ class Context {
   // Adasum of `buf` over the world, in place (adasum.cc): `segments` are the element
   // counts of the tensors packed in it, each combined with its own dot products.
   Status adasum(void* buf, size_t count, DType dt, const std::vector<size_t>& segments);
+
+  // A link to `peer` made after construction (one the mesh connects when an op first needs
+  // it: alltoall's pairs); `key` as in the constructor.  Between ops only.
+  Status add_link(int peer, int fd, const std::string& key);
 
   // Records a failure: later ops refuse, local peers are told.
   Status fail(Status st);
@@ -119,6 +126,7 @@ class Context {
   std::unique_ptr<ShmGroup> shm_;
   std::vector<char> staging_;
   std::unique_ptr<char[]> scratch_;  // adasum.cc
+  std::vector<char> doubling_copy_;  // tcp/doubling.cc's copy (adasum holds scratch_ meanwhile)
   size_t scratch_bytes_ = 0;
   Agreement agree_;  // this op, for the TCP headers
   bool confirming_ = false;  // in a confirmation round: it confirms nothing itself

@@ -110,6 +110,10 @@ class ChunkWorker {
 // empty buffer still runs one ring: its headers check that the leaders agree.
 Status Context::leaders_ring(char* dst, size_t count, size_t elem, ReduceFn fn, size_t chunk) {
   TcpGroup g = tcp_group(leaders_);
+  if (!chunk && count && count * elem <= opt_.doubling_bytes) {  // (the op's tag says so too)
+    if (doubling_copy_.size() < count * elem) doubling_copy_.resize(count * elem);
+    return rd_allreduce(g, dst, doubling_copy_.data(), count, elem, fn);
+  }
   if (!chunk) chunk = std::max<size_t>(count, 1);
   size_t first = 0;
   do {

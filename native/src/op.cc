@@ -25,6 +25,7 @@ std::string OpTag::describe() const {
   if (kind == kBroadcast) out += " from rank " + std::to_string(root);
   if (kind == kAllgather || kind == kReducescatter) out += " (counts digest " + std::to_string(digest % 100000) + ")";
   if (kind == kAllreduce && digest == kCmaDigest) out += " by cross-memory attach";
+  if (kind == kAllreduce && digest == kDoublingDigest) out += " by recursive doubling across hosts";
   if (kind == kAllreduce && (digest >> 32) == (kPipeDigest >> 32))
     out += " pipelined across hosts in chunks of " + std::to_string(digest & 0xffffffffu) + " elements";
   return out;

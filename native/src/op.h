@@ -32,6 +32,7 @@ uint64_t digest_of(const std::vector<size_t>& counts);
 // chunks of (the low 32 bits) elements.
 constexpr uint64_t kCmaDigest = 0x434d41;              // "CMA"
 constexpr uint64_t kPipeDigest = 0x50495045ull << 32;  // "PIPE"
+constexpr uint64_t kDoublingDigest = 0x5244;           // "RD": by recursive doubling across hosts
 
 // Bytes of one buffer: a piece of a segment or of a stream.
 struct Span {

@@ -183,7 +183,9 @@ def test_a_changed_header_bit_fails_the_op_on_the_rank_that_reads_it():
         got0, got1 = _both(_allreduce(c0, a), _allreduce(c1, b))
         _named_integrity_failure(got1, 0)
         assert "op header" in str(got1)
-        assert isinstance(got0, CollectiveError)  # rank 0 is not left waiting
+        # rank 0 is not left waiting: it fails, or (recursive doubling, one exchange, whose
+        # data from rank 1 was untouched) returns the right sum
+        assert isinstance(got0, CollectiveError) or np.array_equal(got0, a + b), got0
     finally:
         relay.close()
 

@@ -60,7 +60,7 @@ def test_every_op_matches_numpy_through_shared_memory(size, tuning):
         assert [r["cma"] for r in results] == ["on"] * size
 
 
-@pytest.mark.parametrize("size", [2, 3, 4])
+@pytest.mark.parametrize("size", [2, 3, 4, 7])  # 7: recursive doubling's three fold ranks
 def test_every_op_matches_numpy_over_forced_tcp(size):
     results = _suite_on(size, env=TCP)
     assert all(r["local_size"] == 1 and r["cross_size"] == size for r in results)

@@ -34,15 +34,50 @@ def _mesh_world(size, **kw):
     return out
 
 
-@pytest.mark.parametrize("size", [1, 2, 4])
-def test_mesh_connects_every_pair_with_the_right_peer(size):
-    meshes = _mesh_world(size)
+def test_ranks_of_one_host_hold_no_tcp_link():
+    for m in _mesh_world(4).values():
+        assert m.socks == {} and m.topology.local_size == 4  # shared memory carries it all
+        m.close()
+
+
+@pytest.mark.parametrize("size", [2, 5, 8])
+def test_the_mesh_links_the_pairs_of_the_plan_with_the_right_peer(size):
+    from collectives.rendezvous.plan import link_peers
+
+    meshes = _mesh_world(size, force_tcp=True)
+    groups = [f"h#{r}" for r in range(size)]
     for r, m in meshes.items():
-        assert sorted(m.socks) == [p for p in range(size) if p != r]
-        assert m.topology.local_size == size
-    if size > 1:  # a byte sent on 0's socket to 1 arrives on 1's socket from 0
-        meshes[0].socks[1].sendall(b"x")
-        assert meshes[1].socks[0].recv(1) == b"x"
+        assert sorted(m.socks) == link_peers(r, groups)
+        for p in m.socks:
+            assert r in meshes[p].socks  # both ends hold it
+    for r, m in meshes.items():  # a byte sent on r's socket to p arrives on p's from r
+        for p, sock in m.socks.items():
+            sock.sendall(bytes([r]))
+    for r, m in meshes.items():
+        for p, sock in m.socks.items():
+            assert sock.recv(1) == bytes([p])
+    for m in meshes.values():
+        m.close()
+
+
+def test_connect_all_links_the_pairs_the_plan_left_out():
+    from collectives.rendezvous.plan import link_peers
+
+    meshes = _mesh_world(6, force_tcp=True)
+    added = {}
+
+    def rank(r):
+        added[r] = meshes[r].connect_all()
+
+    ts = [threading.Thread(target=rank, args=(r,)) for r in range(6)]
+    [t.start() for t in ts]
+    [t.join(20) for t in ts]
+    for r, m in meshes.items():
+        assert sorted(m.socks) == [p for p in range(6) if p != r]
+        assert set(added[r]) == {p for p in range(6) if p != r} - set(
+            link_peers(r, [f"h#{q}" for q in range(6)]))
+    meshes[0].socks[5].sendall(b"x")
+    assert meshes[5].socks[0].recv(1) == b"x"
     for m in meshes.values():
         m.close()
 
@@ -71,7 +106,7 @@ def test_a_stray_connection_with_a_wrong_secret_does_not_break_bootstrap():
     def rank(r):
         if r == 1:
             assert intruder_done.wait(20)  # the intruder comes first
-        result[r] = build_mesh(store, r, 2, "h", "127.0.0.1", SECRET, "t", 10.0)
+        result[r] = build_mesh(store, r, 2, "h", "127.0.0.1", SECRET, "t", 10.0, force_tcp=True)
 
     ts = [threading.Thread(target=rank, args=(r,)) for r in range(2)] + [threading.Thread(target=intruder)]
     [t.start() for t in ts]

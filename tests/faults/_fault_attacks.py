@@ -252,7 +252,9 @@ def held_job(job: FaultJob, size: int, held, secret: bytes, connect_timeout: flo
     from collectives.launch import start_ranks
 
     code = f"import _fault_ranks as r; r.held_bootstrap({job.outdir!r}, {tuple(held)!r})"
-    return start_ranks([sys.executable, "-c", code], size, job.env(connect_timeout=connect_timeout),
+    # every rank a host: the ranks hold TCP links, so rank 0 accepts while rank 1 is held
+    return start_ranks([sys.executable, "-c", code], size,
+                       job.env(tcp=True, connect_timeout=connect_timeout),
                        stdout=Discard(), stderr=Discard(), secret=secret)
 
 

@@ -395,7 +395,7 @@ def _launcher_pid() -> int:
 
 
 def held_bootstrap(outdir, held, wait_s=60.0):
-    """Bootstrap, with the ranks in `held` stopped once they have published their address.
+    """Bootstrap, with the ranks in `held` stopped once they have read the mesh's plan.
 
     A held rank notes its own and its parent's listeners (its mesh listener is
     open then), and waits for the test's `go` file before it connects to its
@@ -406,7 +406,7 @@ def held_bootstrap(outdir, held, wait_s=60.0):
     size = int(os.environ["HVS_SIZE"])
 
     def hook(op, key, before):
-        if rank in held and op == "get" and not before and key.endswith(f"/mesh/rank/{size - 1}"):
+        if rank in held and op == "get" and not before and key.endswith("/mesh/plan"):
             note(outdir, rank, "listeners", own=listeners(os.getpid()),
                  parent=listeners(_launcher_pid()), bind=os.environ["HVS_BIND_ADDR"])
             end = time.monotonic() + wait_s

@@ -71,6 +71,10 @@ Status chain_broadcast(TcpGroup& g, char* buf, size_t len);
 Status pairwise_alltoall(TcpGroup& g, const std::vector<Span>& send, const std::vector<Span>& recv,
                          const std::vector<bool>& remote, size_t elem);
 
+// buf = reduce over members of buf, by recursive doubling (doubling.cc): for small
+// buffers.  `copy` holds as many bytes as buf.
+Status rd_allreduce(TcpGroup& g, char* buf, char* copy, size_t count, size_t elem, ReduceFn fn);
+
 // Dissemination barrier: round k sends a header to me + 2^k, receives one from me - 2^k.
 Status tcp_barrier(TcpGroup& g);
 
