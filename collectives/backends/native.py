@@ -21,7 +21,7 @@ import time
 from typing import Optional, Sequence
 
 from .. import _native
-from ..errors import CollectiveTimeout, PeerLostError, describe
+from ..errors import CollectiveError, CollectiveTimeout, PeerLostError, describe
 from ..types import DType, ReduceOp
 from ._topology_log import describe_topology, log
 from .base import Backend
@@ -71,6 +71,34 @@ def host_cores(topology, pids) -> int:
     except (AttributeError, OSError, ValueError, IndexError):
         return usable_cores()
     return len(cores)
+
+
+def _say_failed(store, key: str, exc: BaseException) -> None:
+    """Local rank 0's account of a failed shared-memory bootstrap, for its local ranks."""
+    import json
+
+    what = str(exc).split(": ", 1)[-1]
+    peer = getattr(exc, "peer", None)
+    if peer is None:
+        import re
+
+        m = re.search(r"peer rank (\d+)", what)
+        peer = int(m.group(1)) if m else None
+    try:
+        store.set(f"{key}/failed", json.dumps({"what": what.split(" (peer rank")[0],
+                                               "peer": peer}).encode())
+    except Exception:  # noqa: BLE001 - the store may be gone too; they then name rank 0
+        pass
+
+
+def _failed(store, key: str):
+    import json
+
+    try:
+        return json.loads(store.get(f"{key}/failed", 0.0)) if store.check(f"{key}/failed") \
+            else None
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _alive(pid: int) -> bool:
@@ -138,13 +166,16 @@ class NativeBackend(Backend):
             return None
         key = f"{prefix}/native/shm/{local[0]}"
         if topo.rank != local[0]:
-            return self._attach(self._wait_for_name(store, key, local[0]), local)
+            return self._attach(self._wait_for_name(store, key, local[0]), local, store, key)
         # Publish first, then create: a death in between leaves nothing behind.
         name = segment_name(os.getpid())  # the parent removes it if this process is killed
         store.set(key, name.encode())
         seg = _native.ShmSegment.create(name, len(local), config.shm_slot_bytes, topo.rank)
         try:
             self._wait_attached(seg, local)
+        except CollectiveError as exc:  # the local ranks still waiting learn who, not only
+            _say_failed(store, key, exc)  # that local rank 0 is gone
+            raise
         finally:
             seg.unlink()
         return seg
@@ -158,13 +189,13 @@ class NativeBackend(Backend):
                 return store.get(key, min(0.25, max(deadline - time.monotonic(), 0.01))).decode()
             except CollectiveTimeout:
                 pass
-            self._check_alive(leader, "died before publishing its shared memory")
+            self._check_alive(leader, "died before publishing its shared memory", store, key)
             if time.monotonic() > deadline:
                 raise CollectiveTimeout(self._msg(
                     "local rank 0 never published its shared memory", "bootstrap", peer=leader,
                     timeout=timeout, hint="is that process alive?"))
 
-    def _attach(self, name: str, local: Sequence[int]):
+    def _attach(self, name: str, local: Sequence[int], store, key: str):
         """Attach, retrying while local rank 0 has not created the segment yet."""
         topo, config = self.topology, self._config
         deadline = time.monotonic() + config.connect_timeout
@@ -173,7 +204,7 @@ class NativeBackend(Backend):
                 seg = _native.ShmSegment.attach(name, len(local), config.shm_slot_bytes, topo.rank)
                 if seg is not None:
                     return seg
-                self._check_alive(local[0], "died before creating its shared memory")
+                self._check_alive(local[0], "died before creating its shared memory", store, key)
                 if time.monotonic() > deadline:
                     raise CollectiveTimeout(self._msg(
                         f"shared memory {name} never appeared", "bootstrap", peer=local[0],
@@ -183,10 +214,15 @@ class NativeBackend(Backend):
             _native.ShmSegment.unlink_name(name)  # nobody else might
             raise
 
-    def _check_alive(self, peer: int, what: str) -> None:
-        if not _alive(self._mesh.pids[peer]):
-            raise PeerLostError(self._msg(f"local rank {self.topology.shm_ranks.index(peer)} {what}",
-                                          "bootstrap", peer=peer))
+    def _check_alive(self, peer: int, what: str, store=None, key: str = "") -> None:
+        if _alive(self._mesh.pids[peer]):
+            return
+        said = _failed(store, key) if store is not None else None
+        if said is not None:  # local rank 0 failed first, on account of another rank
+            raise PeerLostError(self._msg(f"local rank 0 failed: {said['what']}", "bootstrap",
+                                          peer=said.get("peer")))
+        raise PeerLostError(self._msg(f"local rank {self.topology.shm_ranks.index(peer)} {what}",
+                                      "bootstrap", peer=peer))
 
     def _wait_attached(self, seg, local: Sequence[int]) -> None:
         deadline = time.monotonic() + self._config.connect_timeout

@@ -126,11 +126,15 @@ def _run(sock: socket.socket, timeout: float, steps) -> Channel:
             pass
 
 
+class _CutShort(AuthenticationError):
+    """The connection ended before the server's hello: a busy server closed it unread."""
+
+
 def cut_short(exc: AuthenticationError) -> bool:
-    """Whether a handshake failed because its connection ended or timed out (a server that
-    evicted it, a peer that went away), not because the peer proved nothing: worth another
-    connection."""
-    return isinstance(exc.__cause__, (OSError, ConnectionError))
+    """Whether a handshake ended before the server said its hello (a busy server closes
+    newcomers unread, `accept.AcceptGate`), not after the client's proof: worth another
+    connection; a refused proof is not."""
+    return isinstance(exc, _CutShort)
 
 
 def server_handshake(sock: socket.socket, secret: bytes, context: str,
@@ -160,7 +164,10 @@ def client_handshake(sock: socket.socket, secret: bytes, context: str,
     ctx = context.encode()
 
     def steps(deadline):
-        hello = recv_exact(sock, len(MAGIC) + NONCE, deadline)
+        try:
+            hello = recv_exact(sock, len(MAGIC) + NONCE, deadline)
+        except ConnectionError as exc:  # (a timeout is no busy server's: it is not retried)
+            raise _CutShort(f"handshake cut short before the server's hello: {exc}") from exc
         if hello[:4] != MAGIC:
             raise AuthenticationError("server did not speak the handshake protocol")
         sn = hello[4:]

@@ -166,10 +166,12 @@ def exchange(store, rank: int, size: int, me: dict, prefix: str, timeout: float,
     placement this rank's launcher gave it, if any (benchmarks/scale.py runs this for
     simulated ranks too)."""
     store.set(_key(prefix, rank), json.dumps(me).encode())
-    if rank == 0:
-        store.set(f"{prefix}/mesh/plan", plan_mod.encode(_rank0_plan(store, size, prefix, timeout)))
-    try:  # longer than rank 0 waits for a late rank, so its account of it arrives first
-        plan = plan_mod.decode(store.get(f"{prefix}/mesh/plan", timeout * 1.25 + 5.0))
+    if rank == 0:  # it gives up on a late rank sooner than the others give up on it, so its
+        # account of that rank reaches them first
+        plan = _rank0_plan(store, size, prefix, timeout * 0.8)
+        store.set(f"{prefix}/mesh/plan", plan_mod.encode(plan))
+    try:
+        plan = plan_mod.decode(store.get(f"{prefix}/mesh/plan", timeout))
     except CollectiveTimeout:
         raise CollectiveTimeout(describe(
             "rank 0 never published the mesh's plan", rank=rank, size=size, op="bootstrap",

@@ -221,3 +221,22 @@ def test_ranks_start_under_a_parent_with_live_grpc_threads():
         channel.close()
         server.stop(None)
     assert codes == [0] * 60
+
+
+def test_every_rank_names_the_rank_that_never_came_as_rank_0_found_it():
+    store, errors = InMemoryStore(), {}
+
+    def rank(r):
+        try:
+            build_mesh(store, r, 3, "h", "127.0.0.1", SECRET, "t", 1.0, force_tcp=True)
+        except CollectiveTimeout as exc:
+            errors[r] = str(exc)
+
+    ts = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]  # rank 2 never comes
+    t0 = time.monotonic()
+    [t.start() for t in ts]
+    [t.join(20) for t in ts]
+    assert sorted(errors) == [0, 1], errors
+    for r, text in errors.items():
+        assert f"on rank {r}/3" in text and "never published its address (peer rank 2)" in text
+    assert time.monotonic() - t0 < 5  # rank 0's account, within the timeout
