@@ -96,6 +96,10 @@ setup(
         # torch first (its CPU build comes from its own index), so these take no other build
         "lightning": ["lightning>=2.2"],
         "hf": ["transformers>=4.40", "accelerate>=0.30"],
+        # the other distributors' frameworks (docs/distributors.md; tests/distributors)
+        "deepspeed": ["deepspeed"],
+        "jax": ["jax"],
+        "distributors": ["deepspeed", "jax"],
         # the wheel check (tests/package) builds, repairs and installs a wheel; the docs build
         "test": ["pytest", "pytest-timeout", "psutil", "nbclient", "nbformat", "ipykernel",
                  "scikit-learn", "matplotlib", "pillow", "pandas>=2.0,<3", "fsspec", "build",

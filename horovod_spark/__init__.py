@@ -11,8 +11,11 @@ from __future__ import annotations
 from collectives import __version__
 
 from ._job import JobFailedError, NotEnoughSlotsError, ResetLimitError, log_to_driver
+from .deepspeed_distributor import DeepspeedTorchDistributor
 from .distributor import TorchDistributor
+from .tf_distributor import MirroredStrategyRunner
 from .runner import HorovodRunner, run, run_elastic
 
-__all__ = ["HorovodRunner", "run", "run_elastic", "TorchDistributor", "JobFailedError",
+__all__ = ["HorovodRunner", "run", "run_elastic", "TorchDistributor", "DeepspeedTorchDistributor",
+           "MirroredStrategyRunner", "JobFailedError",
            "ResetLimitError", "NotEnoughSlotsError", "log_to_driver", "__version__"]

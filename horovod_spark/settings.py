@@ -18,7 +18,8 @@ from collectives.settings import SETTINGS as _COLLECTIVES
 from collectives.settings import FINISH_GRACE, Setting, parse_bool
 
 __all__ = ["DriverSettings", "table", "check_job_env", "driver_only", "RENDEZVOUS", "CLIENT_ADDRESS", "WARM_START", "START_TIMEOUT",
-           "PARQUET_DIRECT", "TF_LANE", "TORCH_LANE", "CACHE", "PROGRESS", "LOG_CALLBACK", "DYNAMIC_PROCESS_SETS"]
+           "PARQUET_DIRECT", "TF_LANE", "TORCH_LANE", "CACHE", "PROGRESS", "LOG_CALLBACK", "DYNAMIC_PROCESS_SETS",
+           "DEEPSPEED_CONFIG"]
 
 
 def _rendezvous(text: str) -> str:
@@ -50,12 +51,15 @@ DYNAMIC_PROCESS_SETS = Setting("HOROVOD_DYNAMIC_PROCESS_SETS", False, parse_bool
                                "hvd.add_process_set / remove_process_set after init()")
 PROGRESS = Setting("HVS_PROGRESS", False, parse_bool, "rank",
                    "the rank writes progress records (the driver shows a bar)", contract=True)
+DEEPSPEED_CONFIG = Setting("HOROVOD_SPARK_DEEPSPEED_CONFIG", None, str, "rank",
+                           "DeepspeedTorchDistributor: the path of the job's DeepSpeed config "
+                           "in a function's rank", contract=True)
 LOG_CALLBACK = Setting("HVS_LOG_CALLBACK", False, parse_bool, "rank",
                        "log_to_driver marks its lines (the Spark task filters on it)", contract=True)
 
 _OWN = (RENDEZVOUS, CLIENT_ADDRESS, WARM_START, START_TIMEOUT, PARQUET_DIRECT, TF_LANE, TORCH_LANE, CACHE,
         PROGRESS,
-        LOG_CALLBACK, DYNAMIC_PROCESS_SETS)
+        LOG_CALLBACK, DYNAMIC_PROCESS_SETS, DEEPSPEED_CONFIG)
 _PREFIXES = ("HOROVOD_SPARK_", "HVS_")
 _warned: set = set()
 

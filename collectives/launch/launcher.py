@@ -23,6 +23,7 @@ from ..rendezvous import auth
 from .channel import LauncherEnd
 from .procs import RankFailed, RankGroup, finish_grace, kept
 from .rankenv import RankEnv, rank_envs
+from .frameworks import jax_environ, publish_tf_port, tf_installed
 from .torchrun import reserve_port, torchrun_environ
 from ..rendezvous.store import TCPStore
 
@@ -50,12 +51,15 @@ def start_ranks(cmd: Sequence[str], np_: int, env: Optional[dict] = None, hosts=
     secret = secret or auth.new_secret()
     server = TCPStore.serve("127.0.0.1", secret)
     job = f"job-{uuid.uuid4().hex[:12]}"
-    procs, channels, master = [], [], None
+    procs, channels, master, tf_ports = [], [], None, []
     try:
         if prepare is not None:
             prepare(server, job)
         master = reserve_port("127.0.0.1")
+        tf = tf_installed()
         for renv in rank_envs(np_, server.address, secret, job, hosts):
+            if tf:  # the rank's tf.distribute server's port (frameworks.py)
+                tf_ports.append(publish_tf_port(server, job, renv.rank, "127.0.0.1"))
             channel = LauncherEnd(secret, payload)
             channels.append(channel)
             child_env = dict(os.environ)
@@ -64,6 +68,7 @@ def start_ranks(cmd: Sequence[str], np_: int, env: Optional[dict] = None, hosts=
             child_env.update(renv.to_environ())
             child_env.update(torchrun_environ(renv, "127.0.0.1", master.getsockname()[1], job,
                                               attempt))
+            child_env.update(jax_environ("127.0.0.1", master.getsockname()[1]))
             child_env.update(channel.environ())
             procs.append(subprocess.Popen(kept(cmd), env=child_env, pass_fds=(channel.rank_fd,),
                                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -75,12 +80,13 @@ def start_ranks(cmd: Sequence[str], np_: int, env: Optional[dict] = None, hosts=
             p.wait()
         for channel in channels:
             channel.close()
-        if master is not None:
-            master.close()
+        for held in [master, *tf_ports]:
+            if held is not None:
+                held.close()
         server.close()
         raise
     group = RankGroup(procs, server, job, stdout or sys.stdout, stderr or sys.stderr, prefix_output,
-                      channels, held=[master])
+                      channels, held=[master, *tf_ports])
     return group, server
 
 

@@ -34,7 +34,7 @@ from ..settings import DriverSettings, driver_only
 from .watch import Watch
 from .task import TaskSpec, run_task
 from .warm import session_token
-from .._c10d_autoload import Armed
+from .._autoload import Armed
 from ..progress import ENABLED as _PROGRESS_ENV
 from ..progress import Tracked
 
@@ -75,7 +75,7 @@ def _restarting(opts: JobOptions, attempt: int, exc: JobFailedError) -> bool:
 
 def _tracked(fn, opts: JobOptions):
     """The function the ranks run: torch.distributed's "hvs" backend registered first (see
-    `_c10d_autoload`), with the progress step hook when the job shows progress."""
+    `_autoload`), with the progress step hook when the job shows progress."""
     if not callable(fn):
         return fn
     return Armed(Tracked(fn) if set(_PROGRESS_ENV) <= set(opts.env) else fn)

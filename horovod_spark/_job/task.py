@@ -45,6 +45,7 @@ import traceback
 from typing import Iterator, Optional, Tuple
 
 from collectives.launch.channel import LauncherEnd
+from collectives.launch.frameworks import publish_tf_port, tf_installed
 from collectives.launch.procs import kept, pump, stop_kept
 from collectives.launch.record import Failure, RankResult, signal_name
 
@@ -164,6 +165,7 @@ class RankProcess:
         self.env: dict = {}
         self.warm = spec.warm
         self._pumps: list = []
+        self._tf_port = None  # the socket that holds the rank's tf.distribute port
 
     def start(self) -> None:
         from . import warm
@@ -178,6 +180,9 @@ class RankProcess:
                                 list(gpus.addresses), GPU_EXCHANGE_TIMEOUT)
         self.env = env = child_env(self.spec, self.renv, visible)
         env.update(self.torchrun_environ())
+        if tf_installed():  # the rank's tf.distribute port (collectives.launch.frameworks)
+            self._tf_port = publish_tf_port(self.server, self.spec.job, self.rank,
+                                            self.hosts[self.rank])
         self._say_driver_only(env)
         self.warm = (self.warm and gpus is None and bool(self.spec.zygote_token)
                      and WARM_START.read(env))  # the task's edge
@@ -233,10 +238,14 @@ class RankProcess:
         task address, MASTER_PORT the port rank 0's task reserved there."""
         from collectives.launch.torchrun import torchrun_environ
 
+        from collectives.launch.frameworks import jax_environ
+
         run_id, _, attempt = self.spec.job.rpartition("/a")
-        return torchrun_environ(self.renv, self.hosts[0], self.server.master_port(), run_id,
-                                int(attempt) if attempt.isdigit() else 0,
-                                self.spec.torch_layout)
+        port = self.server.master_port()
+        return {**torchrun_environ(self.renv, self.hosts[0], port, run_id,
+                                   int(attempt) if attempt.isdigit() else 0,
+                                   self.spec.torch_layout),
+                **jax_environ(self.hosts[0], port)}
 
     def _line(self, stream: str, text: str) -> None:
         kind = stream
@@ -314,6 +323,8 @@ class RankProcess:
         try:
             self._prepare_warm_start()
         finally:
+            if self._tf_port is not None:
+                self._tf_port.close()
             self.channel.close()
             self.server.close()
             self.log.close()

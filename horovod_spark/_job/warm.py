@@ -57,7 +57,7 @@ import subprocess
 import threading
 from typing import Mapping, Optional, Tuple
 
-from collectives.launch import torchrun
+from collectives.launch import frameworks, torchrun
 from collectives.launch.procs import die_with_parent
 from collectives.launch.zygote import MAX_PACKET, peer_uid
 from collectives.launch.zygote_auth import ZygoteUntrusted, prove_to_zygote, token_digest
@@ -102,7 +102,7 @@ def session_token() -> bytes:
 def zygote_env(env: Mapping[str, str]) -> dict:
     """The rank environment without its per-job variables: the zygote's own."""
     return {k: v for k, v in env.items() if not k.startswith("HVS_") and k not in _RANK_KEYS
-            and k not in torchrun.VARIABLES}
+            and k not in torchrun.VARIABLES and k not in frameworks.VARIABLES}
 
 
 def _key(executable: str, env: Mapping[str, str]) -> tuple:
