@@ -4,7 +4,9 @@ Terms.  A *TF port* is a port a rank's launcher reserves on the rank's address f
 rank's tf.distribute server (`torchrun.reserve_port`'s way: bound with SO_REUSEADDR, never
 listening, held until the rank ends, so TensorFlow's gRPC server can bind it and nobody
 else can take it meanwhile); the launcher publishes it, as `host:port`, under
-`{job}/tf/worker/{rank}`, one store request a rank, where TensorFlow is installed at all.
+`{job}/tf/worker/{rank}` (`tf_port_key`), where TensorFlow is installed at all: one store
+request a rank on one host, in the store round's messages on Spark tasks whose store is
+rank 0's (`SparkStore.share`).
 TF_CONFIG, which lists every worker, is made by the rank itself when it first imports
 TensorFlow (`tf_config`: one get_many), so a job that never imports it reads nothing.
 JAX's coordinator is rank 0's MASTER_ADDR:MASTER_PORT (JAX_COORDINATOR_ADDRESS): a job
@@ -19,7 +21,8 @@ from typing import Optional
 
 from .torchrun import reserve_port
 
-__all__ = ["VARIABLES", "tf_installed", "publish_tf_port", "tf_config", "jax_environ"]
+__all__ = ["VARIABLES", "tf_installed", "tf_port_key", "reserve_tf_port", "tf_config",
+           "jax_environ"]
 
 #: Per job and per rank: never part of what a rank inherits (a warm start's key).
 VARIABLES = ("TF_CONFIG", "JAX_COORDINATOR_ADDRESS")
@@ -34,25 +37,26 @@ def tf_installed() -> bool:
         return False
 
 
-def _key(job: str, rank: int) -> str:
+def tf_port_key(job: str, rank: int) -> str:
+    """The key rank `rank`'s TF port is published under."""
     return f"{job}/tf/worker/{rank}"
 
 
-def publish_tf_port(store, job: str, rank: int, address: str) -> socket.socket:
-    """Reserve rank `rank`'s TF port on `address` and publish it; the holding socket, to
-    close when the rank has ended."""
+
+def reserve_tf_port(address: str) -> tuple:
+    """A TF port on `address`: (the holding socket, to close when the rank has ended; the
+    value to publish, `host:port`)."""
     held = reserve_port(address)
     host = f"[{address}]" if ":" in address else address
-    store.set(_key(job, rank), f"{host}:{held.getsockname()[1]}".encode())
-    return held
+    return held, f"{host}:{held.getsockname()[1]}".encode()
 
 
 def tf_config(store, job: str, rank: int, size: int, timeout: float) -> Optional[str]:
     """TF_CONFIG of rank `rank`: every rank a worker at its TF port, this one `rank`; None
     where the launcher published no ports (TensorFlow missing where the tasks run)."""
-    if not store.check(_key(job, rank)):
+    if not store.check(tf_port_key(job, rank)):
         return None
-    workers = [v.decode() for v in store.get_many([_key(job, r) for r in range(size)], timeout)]
+    workers = [v.decode() for v in store.get_many([tf_port_key(job, r) for r in range(size)], timeout)]
     return json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}})
 
 

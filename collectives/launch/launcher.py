@@ -23,7 +23,7 @@ from ..rendezvous import auth
 from .channel import LauncherEnd
 from .procs import RankFailed, RankGroup, finish_grace, kept
 from .rankenv import RankEnv, rank_envs
-from .frameworks import jax_environ, publish_tf_port, tf_installed
+from .frameworks import jax_environ, reserve_tf_port, tf_installed, tf_port_key
 from .torchrun import reserve_port, torchrun_environ
 from ..rendezvous.store import TCPStore
 
@@ -59,7 +59,9 @@ def start_ranks(cmd: Sequence[str], np_: int, env: Optional[dict] = None, hosts=
         tf = tf_installed()
         for renv in rank_envs(np_, server.address, secret, job, hosts):
             if tf:  # the rank's tf.distribute server's port (frameworks.py)
-                tf_ports.append(publish_tf_port(server, job, renv.rank, "127.0.0.1"))
+                held, value = reserve_tf_port("127.0.0.1")
+                tf_ports.append(held)
+                server.set(tf_port_key(job, renv.rank), value)
             channel = LauncherEnd(secret, payload)
             channels.append(channel)
             child_env = dict(os.environ)

@@ -91,7 +91,11 @@ def _returns_value(rank: int) -> bool:
 
 def _announce_if_never_joined(env: RankEnv) -> None:
     """A function that returned without init(): say so where the others wait for this rank
-    (best effort: a store that is gone leaves them to their timeout, as before)."""
+    (best effort, for at most ANNOUNCE_S: a store that is gone, as rank 0's task store once
+    rank 0's function returned, leaves them to their timeout, as before, and this rank's
+    result does not wait for it)."""
+    import threading
+
     import collectives
 
     if collectives.joined():
@@ -99,14 +103,23 @@ def _announce_if_never_joined(env: RankEnv) -> None:
     from collectives.rendezvous.mesh import announce_returned
     from collectives.rendezvous.store import TCPStore
 
-    try:
-        store = TCPStore.connect(env.store_addr, env.secret, 5.0)
+    def announce() -> None:
         try:
-            announce_returned(store, env.rank, f"{env.job}/comm0")
-        finally:
-            store.close()
-    except Exception:  # noqa: BLE001 - the rank's own result matters more
-        pass
+            store = TCPStore.connect(env.store_addr, env.secret, ANNOUNCE_S)
+            try:
+                announce_returned(store, env.rank, f"{env.job}/comm0")
+            finally:
+                store.close()
+        except Exception:  # noqa: BLE001 - the rank's own result matters more
+            pass
+
+    said = threading.Thread(target=announce, name="hvs-announce-returned", daemon=True)
+    said.start()
+    said.join(ANNOUNCE_S)
+
+
+#: How long a rank that returned without init() tries to say so (`_announce_if_never_joined`).
+ANNOUNCE_S = 2.0
 
 
 def main() -> int:

@@ -196,6 +196,12 @@ def _accept_peers(listener, rank, size, secret, deadline, socks, errors, stats, 
     gate = AcceptGate()
 
     def vet(conn):
+        try:
+            _vet(conn)
+        finally:  # the slot is free only once this thread is done with the connection
+            gate.release(conn)
+
+    def _vet(conn):
         key = None
         try:
             left = max(min(deadline - time.monotonic(), 10.0), 0.1)
@@ -206,8 +212,6 @@ def _accept_peers(listener, rank, size, secret, deadline, socks, errors, stats, 
             key = channel.derive(_LINK_LABEL)
         except (AuthenticationError, OSError, ConnectionError):
             peer = None
-        finally:
-            gate.release(conn)
         with lock:
             if peer not in want:
                 stats["rejected"] += 1

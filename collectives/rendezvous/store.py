@@ -332,14 +332,19 @@ class TCPStore(Store):
         return StoreServer(bind, port, secret)
 
     @classmethod
-    def connect(cls, address: str, secret: bytes, timeout: float = 60.0) -> "TCPStore":
+    def connect(cls, address: str, secret: bytes, timeout: float = 60.0,
+                listening: bool = False) -> "TCPStore":
+        """A client of the store at `address`, retried until `timeout` while it refuses (not
+        up yet); `listening`: the store is known to have been listening, so a refusal means
+        it is gone, at once."""
         host, port = address.rsplit(":", 1)
         deadline = time.monotonic() + timeout
         while True:
             try:
                 sock = socket.create_connection((host, int(port)), timeout=max(deadline - time.monotonic(), 0.1))
             except OSError as exc:
-                if time.monotonic() > deadline:
+                if time.monotonic() > deadline or (
+                        listening and isinstance(exc, ConnectionRefusedError)):
                     raise PeerLostError(f"cannot reach the rendezvous store at {address}: {exc}") from exc
                 time.sleep(0.05)
                 continue

@@ -16,8 +16,11 @@ the task store never forwards it.  Where the driver cannot serve one (it cannot 
 HOROVOD_SPARK_RENDEZVOUS=spark), the job store is the task store of rank 0,
 and the *round*, one `BarrierTaskContext.allGather`, tells every task its
 address; the round runs once per job attempt, when the task's rank first
-touches a shared key, and never for a function that never calls
-`collectives.init()`.  Each allGather costs about a second here (PySpark
+touches a shared key or its task asks torch's MASTER_PORT.  What a task *shares* before
+the round (`share`: its rank's tf.distribute port) travels in the round's messages then,
+and every task store holds every task's value itself: rank 0's task may have ended (its
+rank returned at once) before another task's rank asks its store, and a rank that reads
+such a key waits for the round, not for rank 0.  Each allGather costs about a second here (PySpark
 polls its barrier RPC once a second), which is why the driver's store is the
 default.
 
@@ -74,11 +77,39 @@ class SparkStore(StoreServer):
         self._clients: list = []
         self._reserved = None  # rank 0's: the socket that holds torch's MASTER_PORT
         self._master_port: Optional[int] = None  # as the round tells it
+        self._carried: dict = {}  # what this task shares in the round (see `share`)
         self.rounds = 0
 
     def is_shared(self, key: str) -> bool:
         head = self.job + "/"
-        return key.startswith(head) and not key.startswith(head + "delivered/")
+        return (key.startswith(head) and not key.startswith(head + "delivered/")
+                and not self._in_round(key))
+
+    def _in_round(self, key: str) -> bool:
+        """Whether `key` is one the round carries (every task store holds it)."""
+        return not self.on_driver and key.startswith(self.job + "/" + self.CARRIED)
+
+    #: The keys `share` takes, under the job's prefix.
+    CARRIED = "tf/"
+
+    def share(self, key: str, value: bytes) -> None:
+        """Give every rank `key` (under `{job}/tf/`): set in the driver's job store, or carried
+        in this task's message of the round, before the round starts (see the module
+        docstring)."""
+        if not key.startswith(self.job + "/" + self.CARRIED):
+            raise ValueError(f"{key!r} is not a key the round carries ({self.job}/{self.CARRIED}...)")
+        if self.on_driver:
+            self._client().set(key, value)
+            return
+        with self._round_lock:
+            if self._round_started:
+                raise RuntimeError(f"{key!r} is shared after the round of {self.job} began")
+            self._carried[key] = value.decode()
+
+    def _await_carried(self, key: str) -> None:
+        if self._in_round(key):  # the round's values: every task's, once the round is done
+            self._start_round()
+            self._wait_round()
 
     # -- the round -----------------------------------------------------------
     def _start_round(self) -> None:
@@ -90,7 +121,8 @@ class SparkStore(StoreServer):
 
     def _round(self) -> None:
         try:
-            mine = {"job": self.job, "rank": self.rank, "store": self.address}
+            mine = {"job": self.job, "rank": self.rank, "store": self.address,
+                    "carried": self._carried}
             if self.rank == 0:  # rank 0's task may be gone before the others ask its store
                 mine["master_port"] = self._reserve()
             replies = [json.loads(r) for r in self._all_gather(json.dumps(mine))]
@@ -101,6 +133,10 @@ class SparkStore(StoreServer):
                         f"task {sender} answered the store round for job {reply.get('job')!r}, "
                         f"not {self.job!r}", rank=self.rank, size=self.size, op="rendezvous",
                         hint="two jobs or attempts share one barrier stage"))
+            for reply in replies:
+                for key, value in (reply.get("carried") or {}).items():
+                    if self._in_round(key):
+                        StoreServer.set(self, key, value.encode())
             self.job_store = replies[0]["store"]
             self._master_port = int(replies[0]["master_port"])
         except BaseException as exc:
@@ -131,7 +167,10 @@ class SparkStore(StoreServer):
         client = getattr(self._tls, "client", None)
         if client is None:
             try:
-                client = TCPStore.connect(self.job_store, self._upstream_key, self._connect_timeout)
+                # rank 0's store listened before the round told its address: a refusal
+                # means its task has ended (its rank returned), not that it is starting
+                client = TCPStore.connect(self.job_store, self._upstream_key,
+                                          self._connect_timeout, listening=not self.on_driver)
             except PeerLostError as exc:
                 if not self.on_driver:
                     raise
@@ -190,6 +229,7 @@ class SparkStore(StoreServer):
             remote.set(key, value)
 
     def get(self, key, timeout=None):
+        self._await_carried(key)
         remote = self._job_store() if self.is_shared(key) else None
         return super().get(key, timeout) if remote is None else remote.get(key, timeout)
 
@@ -206,6 +246,7 @@ class SparkStore(StoreServer):
         return super().add(key, amount) if remote is None else remote.add(key, amount)
 
     def check(self, key):
+        self._await_carried(key)
         remote = self._job_store() if self.is_shared(key) else None
         return super().check(key) if remote is None else remote.check(key)
 

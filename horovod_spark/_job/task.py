@@ -45,7 +45,7 @@ import traceback
 from typing import Iterator, Optional, Tuple
 
 from collectives.launch.channel import LauncherEnd
-from collectives.launch.frameworks import publish_tf_port, tf_installed
+from collectives.launch.frameworks import reserve_tf_port, tf_installed, tf_port_key
 from collectives.launch.procs import kept, pump, stop_kept
 from collectives.launch.record import Failure, RankResult, signal_name
 
@@ -172,6 +172,10 @@ class RankProcess:
 
         gpus = self.ctx.resources().get("gpu")
         executable = self.spec.executable or sys.executable
+        if tf_installed():  # the rank's tf.distribute port (collectives.launch.frameworks),
+            # shared before anything starts the store's round, which may carry it
+            self._tf_port, value = reserve_tf_port(self.hosts[self.rank])
+            self.server.share(tf_port_key(self.spec.job, self.rank), value)
         visible = None
         if gpus is not None and self.spec.torch_layout == "tasks":  # a node each: its own GPUs
             visible = list(gpus.addresses), 0
@@ -180,9 +184,6 @@ class RankProcess:
                                 list(gpus.addresses), GPU_EXCHANGE_TIMEOUT)
         self.env = env = child_env(self.spec, self.renv, visible)
         env.update(self.torchrun_environ())
-        if tf_installed():  # the rank's tf.distribute port (collectives.launch.frameworks)
-            self._tf_port = publish_tf_port(self.server, self.spec.job, self.rank,
-                                            self.hosts[self.rank])
         self._say_driver_only(env)
         self.warm = (self.warm and gpus is None and bool(self.spec.zygote_token)
                      and WARM_START.read(env))  # the task's edge

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 
 import pytest
 
@@ -175,3 +176,35 @@ def test_an_unreachable_driver_store_is_named_with_the_switch():
                        connect_timeout=0.5)
     _a_get_fails(store, r"rendezvous on rank 1/2: cannot reach the job's rendezvous store on "
                         r"the driver.*HOROVOD_SPARK_RENDEZVOUS=spark")
+
+
+def test_what_a_task_shares_travels_in_the_round_and_outlives_rank_0s_store():
+    """TF ports (`share`) ride in the round's messages: every task store holds every task's
+    value, so a rank reads them after rank 0's task has ended; a forwarded key then fails at
+    once (rank 0's store listened before the round, so a refusal means it is gone)."""
+    gather = AllGather(2)
+    servers = [SparkStore("127.0.0.1", SECRET, JOB, r, 2, gather.of(r), connect_timeout=30.0)
+               for r in range(2)]
+    try:
+        for r, server in enumerate(servers):
+            server.share(f"{JOB}/tf/worker/{r}", f"127.0.0.1:{4000 + r}".encode())
+        with pytest.raises(ValueError, match="not a key the round carries"):
+            servers[0].share(f"{JOB}/comm0/x", b"")
+        ports = [servers[r].master_port() for r in range(2)]  # starts each task's round
+        assert ports[0] == ports[1]
+        servers[0].close()  # rank 0's function returned at once
+        client = TCPStore.connect(servers[1].address, SECRET)
+        try:
+            assert client.get_many([f"{JOB}/tf/worker/{r}" for r in range(2)], 10) == \
+                [b"127.0.0.1:4000", b"127.0.0.1:4001"]
+            began = time.monotonic()
+            with pytest.raises(CollectiveError):
+                client.set(f"{JOB}/comm0/mesh/rank/1", b"{}")
+            assert time.monotonic() - began < 10  # not the 30 s connect timeout
+        finally:
+            client.close()
+        with pytest.raises(RuntimeError, match="after the round"):
+            servers[1].share(f"{JOB}/tf/worker/1", b"")
+    finally:
+        for server in servers:
+            server.close()
