@@ -222,6 +222,8 @@ def _sim_worker(spec: dict) -> dict:
             for i in range(SIM_LINES):
                 log.line("stdout", f"rank {r} line {i}")
             log.close(timeout=600)
+            if log.error is not None or log.dropped:
+                raise RuntimeError(f"log channel: {log.dropped} lines dropped ({log.error!r})")
             t2 = time.monotonic()
             with lock:
                 times[r] = (t0, t1, t2)
@@ -256,7 +258,8 @@ def simulate(sizes, workers: int, per_host: int) -> list:
                                    json.dumps(dict(spec, worker=w))], stdout=subprocess.PIPE,
                                   text=True) for w in range(workers)]
         results = [json.loads(p.communicate(timeout=1800)[0]) for p in procs]
-        server.wait_done(range(n), 60)
+        if not server.wait_done(range(n), 600):
+            raise RuntimeError(f"the log server heard done from fewer than {n} simulated ranks")
         errors = [e for res in results for e in res["errors"]]
         if errors:
             raise RuntimeError(f"{len(errors)} simulated ranks failed, first: {errors[0]}")

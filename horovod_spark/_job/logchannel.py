@@ -345,6 +345,7 @@ class LogClient:
         self._sock: Optional[socket.socket] = None
         self.broken = address is None
         self.dropped = 0
+        self.error: Optional[BaseException] = None  # why the channel could not be opened
         self._sender = threading.Thread(target=self._send_loop, name="hvs-log-send", daemon=True)
         self._sender.start()
 
@@ -353,9 +354,15 @@ class LogClient:
 
         host, port = self.address.rsplit(":", 1)
         deadline = time.monotonic() + self._connect_timeout
-        while True:  # a handshake a busy server cut short is tried again, within the timeout
-            left = max(deadline - time.monotonic(), 0.1)
-            sock = socket.create_connection((host, int(port)), timeout=left)
+        while True:  # a handshake a busy server cut short is tried again, within the timeout,
+            left = max(deadline - time.monotonic(), 0.1)  # as a connection it refused or reset
+            try:  # (its backlog overflowing: thousands of tasks at once)
+                sock = socket.create_connection((host, int(port)), timeout=left)
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+                continue
             try:
                 self._channel = client_handshake(sock, self._secret, "log", left)
                 break
@@ -375,8 +382,8 @@ class LogClient:
                 self._sock = self._connect()
                 threading.Thread(target=self._recv_loop, args=(self._sock,),
                                  name="hvs-log-recv", daemon=True).start()
-            except Exception:
-                self.broken = True
+            except Exception as exc:
+                self.broken, self.error = True, exc
         while True:
             frame = self._q.get()
             if frame is None:
