@@ -73,7 +73,7 @@ class FusionEngine:
         self._pending: Dict[str, Request] = {}
         self._memo: Dict[str, Memo] = {}  # name -> its last torch request's checked parts
         self._layout = C.Layout(self.size)
-        self._cache = ResponseCache()
+        self._cache = ResponseCache(self._config.cache_capacity)
         self._table = MessageTable(self.size)
         self._metrics: Dict[str, float] = dict.fromkeys(_METRICS, 0)
         timeline = None
@@ -85,7 +85,7 @@ class FusionEngine:
         self._live_joins: List[Handle] = []
         self._last_joined = (False,) * self.size
         self._shutdown_requested = False
-        self._mark_cycles = False
+        self._mark_cycles = bool(self._config.timeline_mark_cycles)  # (HOROVOD_TIMELINE_MARK_CYCLES)
         self._stopped: Optional[tuple] = None  # (error class, text, cause)
         self._cycle_no, self._synced = 0, time.perf_counter()
         self._lane: Optional[Lane] = Lane.make(comm, self._cache) if lane else None
