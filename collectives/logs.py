@@ -17,6 +17,7 @@ from typing import Iterable
 __all__ = ["apply_log_level"]
 
 _FORMAT = "[%(asctime)s hvs rank {rank}/{size}] %(levelname)s %(name)s: %(message)s"
+_FORMAT_NO_TIME = "[hvs rank {rank}/{size}] %(levelname)s %(name)s: %(message)s"  # LOG_HIDE_TIME
 
 
 class _RankHandler(logging.StreamHandler):
@@ -24,7 +25,7 @@ class _RankHandler(logging.StreamHandler):
 
 
 def apply_log_level(level: str, rank: int, size: int,
-                    names: Iterable[str] = ("collectives",)) -> None:
+                    names: Iterable[str] = ("collectives",), hide_time: bool = False) -> None:
     """Set `level` (a level name) on the loggers `names`; stderr shows them if nothing else does."""
     configured = bool(logging.getLogger().handlers)
     for name in names:
@@ -34,5 +35,6 @@ def apply_log_level(level: str, rank: int, size: int,
             logger.removeHandler(old)
         if not configured and not logger.handlers:  # else those show them (the driver's channel)
             handler = _RankHandler(sys.stderr)
-            handler.setFormatter(logging.Formatter(_FORMAT.format(rank=rank, size=size)))
+            form = _FORMAT_NO_TIME if hide_time else _FORMAT
+            handler.setFormatter(logging.Formatter(form.format(rank=rank, size=size)))
             logger.addHandler(handler)

@@ -121,6 +121,12 @@ def number(kind: Callable[[str], Any], low: float, above: bool = False,
     return parse
 
 
+def parse_cache_capacity(text: str) -> int:
+    """HOROVOD_CACHE_CAPACITY: a whole number of signatures; Horovod's 0 (no cache) is 1 here
+    (the driver says so when a job starts)."""
+    return max(number(int, 0, unit="signatures")(text), 1)
+
+
 def _config(name: str, field: str, default: Any, parse: Callable[[str], Any], doc: str) -> Setting:
     return Setting(name, default, parse, "rank", doc, field=field)
 
@@ -143,12 +149,23 @@ SETTINGS = (
     _config("HOROVOD_CYCLE_TIME", "cycle_time_ms", 1.0, number(float, 0, unit="milliseconds"),
             "milliseconds between the fusion engine's cycles"),
     _config("HOROVOD_TIMELINE", "timeline", None, str, "path of a Chrome-trace timeline (rank 0)"),
+    _config("HOROVOD_TIMELINE_MARK_CYCLES", "timeline_mark_cycles", False, parse_bool,
+            "the timeline marks the start of every fusion cycle"),
+    _config("HOROVOD_CACHE_CAPACITY", "cache_capacity", 1024, parse_cache_capacity,
+            "signatures the response cache keeps (0, Horovod's off, is 1 here)"),
+    _config("HOROVOD_STALL_CHECK_DISABLE", "stall_check_disable", False, parse_bool,
+            "no stall reports (nor a stall's shutdown)"),
     _config("HOROVOD_STALL_CHECK_TIME_SECONDS", "stall_check_time", 60.0, number(float, 0),
             "seconds before a tensor some ranks never submit is reported"),
     _config("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "stall_shutdown_time", 120.0, number(float, 0),
             "seconds of stall before the ops that wait fail; 0: never"),
     _config("HOROVOD_LOG_LEVEL", "log_level", "WARNING", parse_log_level,
             "Python logging level of the collectives and horovod_spark loggers on the ranks"),
+    _config("HOROVOD_LOG_HIDE_TIME", "log_hide_time", False, parse_bool,
+            "the ranks' log records carry no time stamp"),
+    _config("HOROVOD_CPU_OPERATIONS", "cpu_operations", None, choice("mpi", "gloo", "ccl"),
+            "Horovod's CPU backend: mpi selects the MPI backend (where HOROVOD_SPARK_BACKEND "
+            "is unset); gloo and ccl the native transport"),
     _config("HOROVOD_SPARK_TIMEOUT", "timeout", 30.0, number(float, 0, above=True, unit="seconds"),
             "seconds without progress from a peer before an op raises CollectiveTimeout"),
     _config("HOROVOD_SPARK_CONNECT_TIMEOUT", "connect_timeout", 60.0,
@@ -220,6 +237,18 @@ class Config:
     stall_shutdown_time: float = 120.0
     #: Python logging level name (HOROVOD_LOG_LEVEL).
     log_level: str = "WARNING"
+    #: Log records without their time (HOROVOD_LOG_HIDE_TIME).
+    log_hide_time: bool = False
+    #: Horovod's CPU operations, "mpi", "gloo" or "ccl" (HOROVOD_CPU_OPERATIONS): "mpi" makes
+    #: an "auto" backend MPI; the others leave the native transport in Gloo's or oneCCL's place.
+    cpu_operations: Optional[str] = None
+    #: The timeline marks every fusion cycle's start (HOROVOD_TIMELINE_MARK_CYCLES).
+    timeline_mark_cycles: bool = False
+    #: Signatures the response cache keeps, at least 1 (HOROVOD_CACHE_CAPACITY; Horovod's
+    #: 0 turns its cache off, which this engine cannot: its ranks agree through it).
+    cache_capacity: int = 1024
+    #: No stall reports and no stall shutdown (HOROVOD_STALL_CHECK_DISABLE).
+    stall_check_disable: bool = False
     #: "auto", "native", "mpi" or "nccl" (HOROVOD_SPARK_BACKEND).
     backend: str = "auto"
     #: Treat every rank as its own host, so the TCP path runs on one machine.
@@ -250,6 +279,8 @@ class Config:
             object.__setattr__(self, "log_level", parse_log_level(str(self.log_level)))
         except ValueError as exc:
             raise ValueError(f"Config.log_level {self.log_level!r}: {exc}") from None
+        if self.cache_capacity < 1:
+            raise ValueError(f"Config.cache_capacity must be >= 1, got {self.cache_capacity}")
         if self.shm_slot_bytes < 4096:
             raise ValueError(f"Config.shm_slot_bytes must be >= 4096, got {self.shm_slot_bytes}")
 
@@ -264,6 +295,8 @@ class Config:
             if key not in known:
                 raise ValueError(f"unknown config key {key!r}; known keys: {', '.join(sorted(known))}")
             values[key] = val
+        if values.get("cpu_operations") == "mpi" and "backend" not in values:  # Horovod's way
+            values["backend"] = "mpi"
         return cls(**values)
 
     def replace(self, **changes: Any) -> "Config":

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collectives import __version__
 
-from ._job import JobFailedError, NotEnoughSlotsError, ResetLimitError, log_to_driver
+from ._job import JobFailedError, NotEnoughSlotsError, ResetLimitError
+from .progress import log_to_driver
 from .deepspeed_distributor import DeepspeedTorchDistributor
 from .distributor import TorchDistributor
 from .tf_distributor import MirroredStrategyRunner

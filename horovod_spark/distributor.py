@@ -68,8 +68,7 @@ class TorchDistributor:
                  _ssl_conf: str = _TORCH_SSL_CONF, *, timeout: Optional[float] = None,
                  max_restarts: int = 0, verbose: int = 1,
                  env: Optional[Mapping[str, str]] = None) -> None:
-        from ._job import get_session
-        from .runner import _env_items, _job_timeout
+        from ._job import env_items, get_session, job_timeout
 
         # local mode needs no Spark: only an active session's settings are read then
         self.spark = get_session(num_processes if isinstance(num_processes, int) else 0,
@@ -81,8 +80,8 @@ class TorchDistributor:
             raise ValueError("num_processes has to be a positive integer")
         if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
             raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
-        self.timeout, self.max_restarts = _job_timeout(timeout), max_restarts
-        self.verbose, self.env = int(verbose), _env_items(env)
+        self.timeout, self.max_restarts = job_timeout(timeout), max_restarts
+        self.verbose, self.env = int(verbose), env_items(env)
 
     def _get_num_tasks(self) -> int:
         """pyspark's checks of the GPU settings, with its errors; the tasks to run."""
@@ -154,17 +153,12 @@ class TorchDistributor:
 
     def _launch(self, main: Callable, args: tuple, kwargs: dict):
         from ._job import JobOptions, launch
-        from .settings import DriverSettings
-        from .runner import _start_timeout
 
-        env = self.env + self._gpu_env()
-        settings = DriverSettings.read(env)
         np_ = -self.num_processes if self.local_mode else self.num_tasks
-        opts = JobOptions(np=np_, env=env, show_output=True, rank0_only=True,
-                          start_timeout=_start_timeout(None, settings), verbose=self.verbose,
-                          max_restarts=self.max_restarts, settings=settings,
-                          timeout=self.timeout,
-                          torch_layout="hosts" if self.local_mode else "tasks")
+        opts = JobOptions.of(np_, env=self.env + self._gpu_env(), timeout=self.timeout,
+                             show_output=True, rank0_only=True, verbose=self.verbose,
+                             max_restarts=self.max_restarts,
+                             torch_layout="hosts" if self.local_mode else "tasks")
         return launch(main, args, kwargs, opts)[0]
 
     def _gpu_env(self) -> tuple:

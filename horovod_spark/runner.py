@@ -11,47 +11,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from ._job import Cluster, JobFailedError, JobOptions, checks, get_session, launch
-from .settings import DriverSettings
+from ._job import (Cluster, JobFailedError, JobOptions, checks, get_session, job_timeout,
+                   launch, start_timeout as _start_timeout)
 
 __all__ = ["HorovodRunner", "run", "run_elastic", "JobFailedError"]
 
 _VERBOSITY = ("all", "log_callback_only")
-
-
-def _start_timeout(value: Optional[float], settings: DriverSettings) -> float:
-    if value is None:  # Horovod's variable (600 s: only spent while executors come up)
-        value = settings.start_timeout
-    if value <= 0:
-        raise ValueError(f"start_timeout must be > 0 seconds, got {value!r}")
-    return float(value)
-
-
-def _job_timeout(value: Optional[float]) -> Optional[float]:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"timeout must be a number of seconds > 0 (or None: no limit), "
-                         f"got {value!r}")
-    return float(value)
-
-
-def _env_items(env: Optional[Mapping[str, str]]):
-    """The job's extra environment, refused here when a name or value could not be set."""
-    if env is not None and not isinstance(env, Mapping):
-        raise TypeError(f"env must be a mapping of variable names to values, got {type(env).__name__}")
-    items = []
-    for name, value in (env or {}).items():
-        if not isinstance(name, str) or not name or "=" in name or "\0" in name:
-            raise ValueError(f"env: {name!r} is not an environment variable name (a non-empty "
-                             "string without '=' or NUL)")
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise TypeError(f"env[{name!r}] is {type(value).__name__} {value!r}: values must be "
-                            "strings (or numbers); leave the name out to leave it unset")
-        if "\0" in str(value):
-            raise ValueError(f"env[{name!r}] holds a NUL character, which no environment can")
-        items.append((name, str(value)))
-    return tuple(items)
 
 
 def _positional(args) -> tuple:
@@ -79,7 +44,7 @@ class HorovodRunner:
                  verbose: int = 1, timeout: Optional[float] = None) -> None:
         self.num_processor = checks.check_np(np)
         self.verbose = int(verbose)
-        self.timeout = _job_timeout(timeout)
+        self.timeout = job_timeout(timeout)
         if driver_log_verbosity not in _VERBOSITY:
             raise ValueError(f"driver_log_verbosity must be 'all' or 'log_callback_only', "
                              f"got {driver_log_verbosity!r}")
@@ -92,11 +57,8 @@ class HorovodRunner:
             JobFailedError: naming the first failing rank, its error and traceback.
         """
         np_ = self.num_processor
-        settings = DriverSettings.read()  # the driver's edge: each job reads its switches
-        opts = JobOptions(np=np_, show_output=np_ < 0 or self.driver_log_verbosity == "all",
-                          rank0_only=True, start_timeout=_start_timeout(None, settings),
-                          verbose=self.verbose, settings=settings,
-                          timeout=self.timeout)
+        opts = JobOptions.of(np_, show_output=np_ < 0 or self.driver_log_verbosity == "all",
+                             rank0_only=True, verbose=self.verbose, timeout=self.timeout)
         return launch(main, (), kwargs, opts)[0]
 
 
@@ -130,13 +92,10 @@ def run(fn: Callable[..., Any], args: Sequence = (), kwargs: Optional[Mapping[st
         raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
     if num_proc is None:
         num_proc = Cluster(get_session()).default_parallelism()
-    env_items = _env_items(env)
-    settings = DriverSettings.read(env_items)  # the driver's edge: each job reads its switches
-    opts = JobOptions(np=checks.check_np(num_proc), env=env_items, stdout=stdout, stderr=stderr,
-                      show_output=True, start_timeout=_start_timeout(start_timeout, settings),
-                      verbose=int(verbose), max_restarts=max_restarts, settings=settings,
-                      timestamps=bool(prefix_output_with_timestamp), executable=executable,
-                      timeout=_job_timeout(timeout))
+    opts = JobOptions.of(checks.check_np(num_proc), env=env, start_timeout=start_timeout,
+                         timeout=timeout, stdout=stdout, stderr=stderr, show_output=True,
+                         verbose=int(verbose), max_restarts=max_restarts,
+                         timestamps=bool(prefix_output_with_timestamp), executable=executable)
     return launch(fn, tuple(args), dict(kwargs or {}), opts)
 
 
@@ -201,13 +160,10 @@ def run_elastic(fn: Callable[..., Any], args: Sequence = (),
                                     not isinstance(reset_limit, int) or reset_limit < 0):
         raise ValueError(f"run_elastic: reset_limit must be an int >= 0 or None, got "
                          f"{reset_limit!r}")
-    env_items = _env_items(env)
-    settings = DriverSettings.read(env_items)
-    start = _start_timeout(start_timeout, settings)
-    opts = JobOptions(np=num_proc, env=env_items, stdout=stdout, stderr=stderr, show_output=True,
-                      start_timeout=start, verbose=int(verbose), max_restarts=reset_limit or 0,
-                      settings=settings, timestamps=bool(prefix_output_with_timestamp),
-                      executable=executable, timeout=_job_timeout(timeout))
-    eopts = ElasticOptions(lo, hi, _start_timeout(elastic_timeout, settings) if elastic_timeout
-                           is not None else start, reset_limit)
+    opts = JobOptions.of(num_proc, env=env, start_timeout=start_timeout, timeout=timeout,
+                         stdout=stdout, stderr=stderr, show_output=True, verbose=int(verbose),
+                         max_restarts=reset_limit or 0,
+                         timestamps=bool(prefix_output_with_timestamp), executable=executable)
+    eopts = ElasticOptions(lo, hi, _start_timeout(elastic_timeout, opts.settings)
+                           if elastic_timeout is not None else opts.start_timeout, reset_limit)
     return launch(fn, args, dict(kwargs or {}), opts, eopts)

@@ -51,16 +51,15 @@ class MirroredStrategyRunner:
                  gpu_resource_name: str = "gpu", use_custom_strategy: bool = False,
                  timeout: Optional[float] = None, max_restarts: int = 0, verbose: int = 1,
                  env: Optional[Mapping[str, str]] = None) -> None:
-        from ._job import get_session
-        from .runner import _env_items, _job_timeout
+        from ._job import env_items, get_session, job_timeout
 
         if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots <= 0:
             raise ValueError(f"num_slots is set to {num_slots} but cannot be less than or "
                              f"equal to 0.")
         self.num_slots, self.local_mode, self.use_gpu = num_slots, local_mode, use_gpu
         self.gpu_resource_name, self.use_custom_strategy = gpu_resource_name, use_custom_strategy
-        self.timeout, self.max_restarts = _job_timeout(timeout), int(max_restarts)
-        self.verbose, self.env = int(verbose), _env_items(env)
+        self.timeout, self.max_restarts = job_timeout(timeout), int(max_restarts)
+        self.verbose, self.env = int(verbose), env_items(env)
         self.spark = get_session(num_slots, start=not local_mode)
         self.num_tasks = None if local_mode else self.get_num_tasks()
 
@@ -88,19 +87,14 @@ class MirroredStrategyRunner:
             JobFailedError: naming the failing rank, its error, traceback and last output.
         """
         from ._job import JobOptions, launch
-        from .runner import _start_timeout
-        from .settings import DriverSettings
 
         if not callable(train_fn):
             raise TypeError(f"train_fn must be a function, got {type(train_fn).__name__}")
         main = train_fn if self.use_custom_strategy else _InStrategy(train_fn)
-        env = self.env + self._gpu_env()
-        settings = DriverSettings.read(env)
         np_ = -self.num_slots if self.local_mode else self.num_tasks
-        opts = JobOptions(np=np_, env=env, show_output=True, rank0_only=True,
-                          start_timeout=_start_timeout(None, settings), verbose=self.verbose,
-                          max_restarts=self.max_restarts, settings=settings,
-                          timeout=self.timeout, torch_layout="tasks")
+        opts = JobOptions.of(np_, env=self.env + self._gpu_env(), timeout=self.timeout,
+                             show_output=True, rank0_only=True, verbose=self.verbose,
+                             max_restarts=self.max_restarts, torch_layout="tasks")
         return launch(main, (), dict(kwargs), opts)[0]
 
     def _gpu_env(self) -> tuple:

@@ -37,7 +37,8 @@ from . import coordinator as C
 from .cache import ResponseCache
 from .executor import Executor
 from .handle import Handle
-from .lane import Lane, codes as lane_codes
+from .handover import LaneHandover
+from .lane import Lane
 from .request import Memo, Request, Signature, make_request
 from .scheduling import IDLE_S, Scheduler
 from .stall import StallWatch
@@ -50,20 +51,6 @@ log = logging.getLogger("collectives.fusion")
 
 _INT32, _SUM = DType.INT32, ReduceOp.SUM
 
-
-class _Finished:
-    """A lane op found done by a poll: what a later wait finds in its place."""
-
-    @staticmethod
-    def poll() -> bool:
-        return True
-
-    @staticmethod
-    def wait(timeout=None) -> None:
-        return None
-
-
-_DONE = _Finished()
 
 _METRICS = ("cycles", "caller_cycles", "negotiations", "tensors", "allreduce_tensors",
             "allreduce_bytes", "fused_buffers", "collectives", "collective_s", "coordination_s",
@@ -85,12 +72,8 @@ class FusionEngine:
         self._live: Dict[str, Request] = {}  # submitted, not finished: what _stop must fail
         self._pending: Dict[str, Request] = {}
         self._memo: Dict[str, Memo] = {}  # name -> its last torch request's checked parts
-        # async ops queued in the lane: ticket -> (name, tensor, op, postscale); once the
-        # engine took them over (flushed), ticket -> the request's handle
-        self._lane_ops: Dict[int, tuple] = {}
-        self._lane_flushed: Dict[int, Handle] = {}
         self._layout = C.Layout(self.size)
-        self._cache = ResponseCache()
+        self._cache = ResponseCache(self._config.cache_capacity)
         self._table = MessageTable(self.size)
         self._metrics: Dict[str, float] = dict.fromkeys(_METRICS, 0)
         timeline = None
@@ -102,13 +85,13 @@ class FusionEngine:
         self._live_joins: List[Handle] = []
         self._last_joined = (False,) * self.size
         self._shutdown_requested = False
-        self._mark_cycles = False
+        self._mark_cycles = bool(self._config.timeline_mark_cycles)  # (HOROVOD_TIMELINE_MARK_CYCLES)
         self._stopped: Optional[tuple] = None  # (error class, text, cause)
         self._cycle_no, self._synced = 0, time.perf_counter()
         self._lane: Optional[Lane] = Lane.make(comm, self._cache) if lane else None
         if self._lane is not None:
             self._lane.native.set_threshold(int(self._config.fusion_threshold))
-        self._lane_done = lane_codes()["done"] if self._lane is not None else None
+        self._handover = LaneHandover(self, self._lane) if self._lane is not None else None
         self._cuda = False  # True once a CUDA tensor is submitted (its cycles look for them)
         self._stall = StallWatch(comm, self._config, self.rank, self.size)
         self._lane_update()
@@ -240,205 +223,66 @@ class FusionEngine:
         """The native lane (`_native.Lane`: `run`, `address`), or None."""
         return self._lane.native if self._lane is not None else None
 
-    # -- the lane's callers ------------------------------------------------------
+    # -- the lane's callers: its room (handover.py) --------------------------------------
     def lane_op(self, code: int, slot: int, name: str, src: np.ndarray, dst: np.ndarray,
                 op: ReduceOp, postscale: float = 1.0) -> None:
-        """Finish an allreduce of src into dst that `lane.run(slot, src, dst)` returned
-        `code` for: fall back to `submit` and arm the slot, finish a cycle the lane
-        handed over, or stop on the lane's error.  Raises as `wait` does."""
-        known = lane_codes()
-        if code == known["handover"]:
-            return self._lane_handover(name, src, dst, op, postscale)
-        if code == known["error"]:
-            try:
-                self._lane.raise_error()
-            except CollectiveError as exc:
-                err = type(exc)(describe(str(exc), rank=self.rank, size=self.size, op="allreduce",
-                                         tensor=f"'{name}'"))
-                self._stop(type(exc), f"the fusion engine stopped after a failure: "
-                           f"{type(exc).__name__}: {err}", exc)
-                raise err from exc
-        handle = self.submit(name, "allreduce", src, out=dst, op=op, postscale=postscale, lazy=True)
-        handle.wait()
-        if self._lane is not None:
-            self._lane.arm(slot, handle._sig, src, postscale, self.size)
+        """`LaneHandover.lane_op`: finish an allreduce the lane returned `code` for."""
+        self._handover.lane_op(code, slot, name, src, dst, op, postscale)
 
-    def _lane_handover(self, name: str, src, dst, op: ReduceOp, postscale: float) -> None:
-        """This thread holds the cycle lock, taken by the lane, which coordinated: enter
-        the op as a pending request, finish the cycle from the summed vector, wait."""
-        t0 = time.perf_counter()
-        with self._sched.handed_cycle():
-            try:
-                req = make_request(name, "allreduce", src, dst, op, 1.0, postscale, 0, None, None,
-                                   self.rank, self.size, self._sched.on_wait)
-            except Exception as exc:  # the peers are inside this cycle: leave it stopped, not half-done
-                self._stop(CollectiveError, f"the fusion engine stopped after a failure: "
-                           f"{type(exc).__name__}: {exc}", exc)
-                raise
-            # not announced: the lane set its cached bit, and if a peer's new signature for
-            # this name evicts that bit in this cycle, the request must announce its own next
-            # cycle (as a cached request in Python's cycles does), or the name would hang
-            # instead of failing as a mismatch.  Async ops queued in the lane meanwhile (not
-            # in this cycle's vector) become the engine's first: all pending work in one place.
-            self._lane_take_over(handed_over=True)
-            with self._lock:
-                self._raise_if_stopped("allreduce", req.sig.tensor())
-                self._live[name] = req
-            self._pending[name] = req
-            self._finish_handed_cycle(t0)
-        req.handle.lazy = True
-        req.handle.wait()
-
-    # -- async ops in the lane ------------------------------------------------------
-    # One rule keeps the lane's batch cycles and Python's from starving each other: a
-    # rank's pending work is all in one place.  An op enters the lane's queue only while
-    # the engine holds nothing (under the engine's lock), and anything submitted to the
-    # engine first takes the lane's queue over (_lock_without_lane_queue), so every cycle
-    # of this rank contributes every op it has, as Python's cycle alone would.
     def lane_enqueue(self, slot: int, name: str, tensor, ptr: int, nbytes: int, op: ReduceOp,
                      postscale: float) -> int:
-        """Queue an in-place async allreduce of `tensor` (at address ptr) in the lane; its
-        ticket, or -1 (the slot is not armed: submit, then arm it) or -2 (the engine holds
-        work, or the lane is off: submit)."""
-        lane = self._lane
-        if lane is None:
+        """`LaneHandover.lane_enqueue`; -2 (submit) where the engine has no lane."""
+        if self._handover is None:
             return -2
-        if not lane.native.armed(slot, nbytes):
-            return -1
-        with self._lock:
-            if self._queue or self._pending or name in self._live or self._stopped is not None:
-                return -2
-            ticket = lane.native.enqueue(slot, ptr, ptr, nbytes)
-            if ticket >= 0:
-                self._lane_ops[ticket] = (name, tensor, op, postscale)
-        return ticket
+        return self._handover.lane_enqueue(slot, name, tensor, ptr, nbytes, op, postscale)
 
     def lane_wait(self, ticket: int, budget: float = 2.0) -> None:
-        """Wait for a queued op: the lane's batch cycles, or the engine once it took the op
-        over (a handover, a stale slot, the lane switched off, `budget` seconds without
-        the op done).  Raises as `Handle.wait` does."""
-        lane = self._lane
-        code = lane.native.wait(ticket, budget)
-        if code == self._lane_done:  # the steady state: nothing else to look up
-            self._lane_ops.pop(ticket, None)
-            return
-        known = lane_codes()
-        if code == known["handover"]:
-            self._lane_batch_handover()
-        elif code == known["error"]:
-            name = self._lane_ops.get(ticket, ("?",))[0]
-            try:
-                lane.raise_error()
-            except CollectiveError as exc:
-                err = type(exc)(describe(str(exc), rank=self.rank, size=self.size, op="allreduce",
-                                         tensor=f"'{name}'"))
-                self._stop(type(exc), f"the fusion engine stopped after a failure: "
-                           f"{type(exc).__name__}: {err}", exc)
-                self._lane_take_over(handed_over=False)  # the others queued fail with it
-                self._lane_flushed.pop(ticket, None)
-                self._lane_ops.pop(ticket, None)
-                raise err from exc
-        if code != known["done"] and not lane.native.done(ticket):
-            if ticket not in self._lane_flushed:
-                self._lane_take_over(handed_over=False)
-            handle = self._lane_flushed.pop(ticket, None)
-            name = self._lane_ops.pop(ticket, ("?",))[0]
-            if handle is not None:
-                handle.wait()
-                return
-            if not lane.native.done(ticket):  # (unless a cycle ran it meanwhile)
-                self._raise_if_stopped("allreduce", f"'{name}'")
-                raise CollectiveError(describe(
-                    "internal error: the op left the lane's queue without a result",
-                    rank=self.rank, size=self.size, op="allreduce", tensor=f"'{name}'"))
-        self._lane_ops.pop(ticket, None)
+        """`LaneHandover.lane_wait`: wait for an op queued in the lane."""
+        self._handover.lane_wait(ticket, budget)
 
     def lane_poll(self, ticket: int) -> bool:
-        """Whether a queued op is done; if not, the engine takes the lane's queue over (its
-        thread makes progress, as for any async op nobody waits for)."""
-        if ticket in self._lane_flushed:
-            return self._lane_flushed[ticket].poll()
-        if self._lane.native.done(ticket):
-            self._lane_ops.pop(ticket, None)
-            self._lane_flushed[ticket] = _DONE
-            return True
-        self._lane_take_over(handed_over=False)
-        return self.lane_poll(ticket) if ticket in self._lane_flushed else False
+        """`LaneHandover.lane_poll`: whether an op queued in the lane is done."""
+        return self._handover.lane_poll(ticket)
 
     def _lock_without_lane_queue(self) -> None:
-        """Take the engine's lock with the lane's queue empty: the queued ops become the
-        engine's requests first (in their order, before what the caller adds)."""
-        while True:
-            if self._lane is not None and self._lane.native.queued:
-                self._lane_take_over(handed_over=False)
+        if self._handover is not None:
+            self._handover.lock_engine()
+        else:
             self._lock.acquire()
-            if self._lane is None or not self._lane.native.queued:
-                return
-            self._lock.release()  # an op entered the lane meanwhile: it goes first
 
-    def _lane_take_over(self, handed_over: bool) -> None:
-        """The lane's queued ops become requests of the engine, in order: queued for the next
-        cycle, or (`handed_over`: this thread holds the cycle lock the lane took, inside
-        the cycle it coordinated, which contributed them) pending without an announcement,
-        as `_lane_handover` enters its one op."""
-        lock = self._lane.lock
-        if not handed_over:
-            lock.acquire()
-        try:
-            reqs = []
-            for ticket in self._lane.native.take_queue():
-                name, tensor, op, post = self._lane_ops.get(ticket, (None,) * 4)
-                try:
-                    if name is None:
-                        raise CollectiveError(f"internal error: lane ticket {ticket} has no op")
-                    req = make_request(name, "allreduce", tensor, tensor, op, 1.0, post, 0, None,
-                                       None, self.rank, self.size, self._sched.on_wait)
-                except Exception as exc:  # (the tensor changed since): its wait raises why
-                    failed = Handle(name or "?", "allreduce", self.rank, self.size)
-                    failed._finish(None, exc)
-                    self._lane_flushed[ticket] = failed
-                    continue
-                self._lane_flushed[ticket] = req.handle
-                reqs.append(req)
-            with self._lock:
-                stopped = self._stopped
-                for req in reqs if stopped is None else ():
-                    self._live[req.name] = req
-                    if handed_over:
-                        self._pending[req.name] = req
-                    else:
-                        self._queue.append(req)
-        finally:
-            if not handed_over:
-                lock.release()
-        if stopped is not None:  # no cycle will run them: they fail with the engine's cause
-            cls, text, cause = stopped
-            for req in reqs:
-                req.handle._finish(None, cls(describe(text, rank=self.rank, size=self.size,
-                                                      op="allreduce", tensor=req.sig.tensor())))
-        elif reqs and not handed_over:
-            self._sched.notify()
+    # -- what the lane's room asks of the engine (handover.py's contract) ------------------
+    lock = property(lambda self: self._lock)
+    sched = property(lambda self: self._sched)
 
-    def _lane_batch_handover(self) -> None:
-        """The lane's batch cycle was not the lane's to finish (a peer joined, announced, asked
-        for a stall report, stops): its queue becomes the engine's, which finishes the cycle."""
-        t0 = time.perf_counter()
-        with self._sched.handed_cycle():
-            try:
-                self._lane_take_over(handed_over=True)
-            except Exception as exc:  # the peers are inside this cycle: leave it stopped
-                self._stop(CollectiveError, f"the fusion engine stopped after a failure: "
-                           f"{type(exc).__name__}: {exc}", exc)
-                raise
-            self._finish_handed_cycle(t0)
+    def holds(self, name: str) -> bool:
+        """Whether this rank's engine holds work (queued, pending, `name` in flight), or has
+        stopped: an op then goes through it, not the lane's queue."""
+        return bool(self._queue or self._pending or name in self._live or
+                    self._stopped is not None)
 
-    def _finish_handed_cycle(self, t0: float) -> None:
-        """The rest of the cycle the lane coordinated and handed over (its pending requests
-        entered): from the lane's summed vector on, as a Python cycle goes on."""
+    def enter(self, reqs: list, pending: bool):
+        """Requests from the lane, in order: pending (inside a cycle the lane handed over)
+        or queued for the next cycle; the stop that kept them out, or None."""
+        with self._lock:
+            stopped = self._stopped
+            for req in reqs if stopped is None else ():
+                self._live[req.name] = req
+                if pending:
+                    self._pending[req.name] = req
+                else:
+                    self._queue.append(req)
+        return stopped
+
+    def raise_if_stopped(self, kind: str, tensor: str) -> None:
+        self._raise_if_stopped(kind, tensor)
+
+    def stop(self, cls, text: str, cause) -> None:
+        self._stop(cls, text, cause)
+
+    def run_handed_cycle(self, vec, t0: float) -> None:
+        """The rest of a cycle the lane coordinated, from its summed vector `vec`."""
         self._cycle_no += 1
         self._metrics["lane_handovers"] += 1
-        self._lane.sync()  # the bits the lane ran before this cycle count as used first,
-        vec = self._lane.result()  # as a Python cycle would have marked them
         self._guarded_cycle(body=lambda: self._cycle_rest(vec, b"", t0))
 
     def _lane_update(self) -> None:

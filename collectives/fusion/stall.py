@@ -41,7 +41,7 @@ class StallWatch:
     def due(self, pending: dict) -> bool:
         """Whether this rank should raise the stall flag this cycle."""
         limit = self._config.stall_check_time
-        if limit <= 0 or not pending:
+        if limit <= 0 or self._config.stall_check_disable or not pending:
             return False
         now = time.perf_counter()
         if now < self._next_probe:

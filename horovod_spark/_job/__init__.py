@@ -1,8 +1,9 @@
 """The job machinery: launch, watch and fail a job on Spark or on this machine.
 
 Its face is this module: callers outside `_job` import what they use from here (a rule in
-tests/core/test_layers.py), never a submodule.  The names load on first use, so a rank
-process that needs one (`forward_warnings`) does not import the driver's side.
+tests/core/test_layers.py), never a submodule.  It loads with the package: what a rank
+process needs of the package's own lines (`log_to_driver`, `forward_warnings`) lives in
+`horovod_spark.progress`, so no rank depends on this face.
 
     launch(fn, args, kwargs, opts, elastic=None)   every rank's value, in rank order
     displayed(opts)                                 the progress bar's setup of a job's opts
@@ -11,36 +12,22 @@ process that needs one (`forward_warnings`) does not import the driver's side.
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from . import checks
+from .cluster import Cluster, is_connect, to_arrow
+from .driver import BarrierJob, JobOptions, payload_of, run_on_driver, run_on_spark, value_of
+from .elastic import ElasticOptions, NotEnoughSlotsError, ResetLimitError
+from .failure import JobFailedError
+from .logchannel import LineSink, LogClient, LogServer
+from .mpirun import run_mpi
+from .options import env_items, job_timeout, start_timeout
+from .pickling import code_files, pickle_job
+from .quiet import failure_logs_off
+from .session import get_session
+from .start import displayed, launch
+from .task import run_task
 
-#: name -> the submodule that defines it
-_FACE = {
-    "launch": "start", "displayed": "start",
-    "BarrierJob": "driver", "JobOptions": "driver", "value_of": "driver",
-    "run_on_driver": "driver", "run_on_spark": "driver", "payload_of": "driver",
-    "JobFailedError": "failure",
-    "ElasticOptions": "elastic", "NotEnoughSlotsError": "elastic", "ResetLimitError": "elastic",
-    "get_session": "session",
-    "Cluster": "cluster", "is_connect": "cluster", "to_arrow": "cluster",
-    "log_to_driver": "logchannel", "forward_warnings": "logchannel",
-    "LogServer": "logchannel", "LogClient": "logchannel", "LineSink": "logchannel",
-    "pickle_job": "pickling", "code_files": "pickling",
-    "run_task": "task", "run_mpi": "mpirun", "failure_logs_off": "quiet",
-    "checks": None,  # the module itself: checks before submitting
-}
-__all__ = sorted(_FACE)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _FACE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    if _FACE[name] is None:
-        return importlib.import_module(f"{__name__}.{name}")
-    value = getattr(importlib.import_module(f"{__name__}.{_FACE[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_FACE))
+__all__ = ["BarrierJob", "Cluster", "ElasticOptions", "JobFailedError", "JobOptions",
+           "LineSink", "LogClient", "LogServer", "NotEnoughSlotsError", "ResetLimitError",
+           "checks", "code_files", "displayed", "failure_logs_off", "get_session", "is_connect",
+           "launch", "payload_of", "pickle_job", "run_mpi", "run_on_driver", "run_on_spark",
+           "run_task", "to_arrow", "value_of", "env_items", "job_timeout", "start_timeout"]

@@ -39,7 +39,7 @@ import warnings
 from typing import Callable, Iterator, List, NamedTuple, Optional, Tuple
 from urllib.parse import urlparse
 
-__all__ = ["Cluster", "is_connect", "to_arrow", "STAGE_SCHEMA"]
+__all__ = ["Cluster", "TaskRow", "is_connect", "to_arrow", "STAGE_SCHEMA"]
 
 STAGE_SCHEMA = "rank int, result binary, output string"
 _told: set = set()  # what could not be checked, said once per process
@@ -164,11 +164,10 @@ class Cluster:
     classic_stage = "rdd"
 
     def barrier_rows(self, np_: int, task: Callable[[Iterator], Iterator]) -> List["TaskRow"]:
-        """Run `task` (a mapPartitions body yielding (rank, result, output)) as a barrier
-        stage of np_ tasks; its rows."""
+        """Run `task` (a mapPartitions body yielding one TaskRow) as a barrier stage of np_
+        tasks; its rows."""
         if not self.connect and self.classic_stage == "rdd":
-            return [TaskRow(*row) for row in
-                    self.sc.parallelize(range(np_), np_).barrier().mapPartitions(task).collect()]
+            return list(self.sc.parallelize(range(np_), np_).barrier().mapPartitions(task).collect())
         body = functools.partial(_arrow_body, task)
         with warnings.catch_warnings():  # PySpark's own pandas-version notice, not the user's
             warnings.filterwarnings("ignore", "PySpark does not yet fully support pandas")
@@ -186,13 +185,12 @@ class TaskRow(NamedTuple):
 
 
 def _arrow_body(task: Callable[[Iterator], Iterator], batches: Iterator) -> Iterator:
-    """The mapInArrow body: the task's (rank, result, output) as one Arrow row."""
+    """The mapInArrow body: the task's TaskRow as one Arrow row."""
     import pyarrow as pa
 
     for _ in batches:  # the range's numbers: the partition id is the rank
         pass
     for row in task(iter(())):
-        row = TaskRow(*row)
         yield pa.RecordBatch.from_arrays(
             [pa.array([row.rank], pa.int32()), pa.array([row.result], pa.binary()),
              pa.array([row.output], pa.string())], names=["rank", "result", "output"])

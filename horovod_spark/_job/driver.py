@@ -21,16 +21,16 @@ import contextlib
 import dataclasses
 import functools
 import os
-import sys
 import uuid
-from typing import Callable, Iterable, Mapping, Optional, Tuple
+from typing import Callable, Iterable, Mapping, Optional
 
 from . import checks
 from .failure import JobFailedError, failure_of
 from .logchannel import LineSink, LogServer
 from .pickling import code_files, pickle_job
 from .quiet import failure_logs_off
-from ..settings import DriverSettings, driver_only
+from ..settings import driver_only
+from .options import JobOptions
 from .watch import Watch
 from .task import TaskSpec, run_task
 from .warm import session_token
@@ -41,28 +41,6 @@ from ..progress import Tracked
 __all__ = ["JobFailedError", "JobOptions", "BarrierJob", "run_on_spark", "run_on_driver", "value_of"]
 
 DRAIN = 5.0          # seconds to wait for the last output lines of every rank
-
-
-@dataclasses.dataclass(frozen=True)
-class JobOptions:
-    np: int
-    env: Tuple[Tuple[str, str], ...] = ()
-    stdout: object = None
-    stderr: object = None
-    show_output: bool = True
-    rank0_only: bool = False
-    start_timeout: float = 60.0
-    verbose: int = 1
-    max_restarts: int = 0
-    timestamps: bool = False
-    executable: Optional[str] = None
-    settings: DriverSettings = DriverSettings()  # the driver's switches, read as the job starts
-    timeout: Optional[float] = None   # seconds for the whole job (each attempt); None: none
-    torch_layout: str = "hosts"       # torchrun's nodes: a host's ranks, or each task alone
-
-    def say(self, level: int, msg: str) -> None:
-        if self.verbose >= level:
-            print(f"horovod_spark: {msg}", file=self.stderr or sys.stderr, flush=True)
 
 
 def _restarting(opts: JobOptions, attempt: int, exc: JobFailedError) -> bool:

@@ -32,8 +32,6 @@ the failing rank even without this channel.
 from __future__ import annotations
 
 import json
-import logging
-import os
 import queue
 import re
 import socket
@@ -47,9 +45,8 @@ from collectives.errors import AuthenticationError, CollectiveError
 from collectives.rendezvous.accept import BACKLOG, AcceptGate, accept_loop
 
 from ..progress.marks import CALLBACK_MARK  # a line a rank wrote with `log_to_driver`
-from ..settings import LOG_CALLBACK
 
-__all__ = ["LogServer", "LogClient", "LineSink", "log_to_driver", "forward_warnings",
+__all__ = ["LogServer", "LogClient", "LineSink",
            "CALLBACK_MARK"]
 
 MAX_FRAME = 1 << 20
@@ -61,49 +58,6 @@ MAX_LINE = 64 * 1024
 LINE_WAIT_S = 30.0
 #: Characters of a failure record's message and traceback that travel on the channel.
 _MAX_FIELD = 200 * 1024
-_marks: dict = {}
-
-
-def _marking() -> bool:
-    """HVS_LOG_CALLBACK (the task sets it for its rank), read once per process."""
-    if _marks.get("pid") != os.getpid():  # a rank forked from a zygote reads its own
-        _marks.update(pid=os.getpid(), on=LOG_CALLBACK.read())
-    return _marks["on"]
-
-
-def log_to_driver(message: str) -> None:
-    """Show `message` in the driver's output, whatever `driver_log_verbosity` says.
-
-    Call it in the training function (Databricks' `sparkdl.horovod.log_to_driver`).
-    """
-    if _marking():
-        message = "\n".join(CALLBACK_MARK + part for part in str(message).split("\n"))
-    print(message, flush=True)
-
-
-class _DriverHandler(logging.Handler):
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            log_to_driver(self.format(record))
-        except Exception:  # a failing output stream never fails the job
-            self.handleError(record)
-
-
-def forward_warnings(logger: str = "collectives") -> None:
-    """Send `logger`'s records (at HOROVOD_LOG_LEVEL: warnings, such as a stall report, by
-    default) to the driver's output whatever `driver_log_verbosity` says, when this
-    process is a rank of a Spark task."""
-    if not _marking():
-        return
-    target = logging.getLogger(logger)
-    if any(isinstance(h, _DriverHandler) for h in target.handlers):
-        return
-    handler = _DriverHandler()  # the logger's level (HOROVOD_LOG_LEVEL) chooses
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    target.addHandler(handler)
-    target.propagate = False  # once, not also on stderr
-
-
 def close_listener(listener: socket.socket) -> None:
     """Close a listening socket and wake its accept() (close alone does not, on Linux)."""
     try:

@@ -49,6 +49,7 @@ from collectives.launch.frameworks import reserve_tf_port, tf_installed, tf_port
 from collectives.launch.procs import kept, pump, stop_kept
 from collectives.launch.record import Failure, RankResult, signal_name
 
+from .cluster import TaskRow
 from .logchannel import CALLBACK_MARK, LogClient, split_lines
 from .markers import marked_failure
 from ..settings import WARM_START
@@ -362,7 +363,7 @@ def run_task(spec: TaskSpec, _partition: Iterator
             result = b""  # delivered: the row only says so
     finally:
         proc.cleanup()
-    yield proc.rank, result, (json.dumps(list(proc.unsent)) if proc.unsent else None)
+    yield TaskRow(proc.rank, result, json.dumps(list(proc.unsent)) if proc.unsent else None)
 
 
 def delivered_key(job: str, rank: int) -> str:

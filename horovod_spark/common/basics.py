@@ -124,12 +124,13 @@ class HorovodState:
             raise TypeError(f"init(comm=...) takes a collectives.Communicator, got "
                             f"{type(comm).__name__}; MPI sub-communicators are not supported")
         comm = comm if comm is not None else collectives.init(config)
-        from .._job import forward_warnings
+        from ..progress import forward_warnings
 
         config = config if config is not None else comm.config
         for name in ("collectives", "horovod_spark"):  # under a Spark task: to the driver
             forward_warnings(name)
-        apply_log_level(config.log_level, comm.rank, comm.size, ("collectives", "horovod_spark"))
+        apply_log_level(config.log_level, comm.rank, comm.size, ("collectives", "horovod_spark"),
+                        hide_time=config.log_hide_time)
         self._engine = FusionEngine(comm, config, lane=self._lane)
         log.info("%s joined as rank %d/%d (fusion threshold %d B, cycle %g ms)", self.package,
                  comm.rank, comm.size, config.fusion_threshold, config.cycle_time_ms)

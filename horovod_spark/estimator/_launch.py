@@ -94,11 +94,8 @@ def _stage(spark, df, num_proc: int, job: FitJob, verbose: int):
 
     from horovod_spark import progress
     from horovod_spark._job import BarrierJob, JobOptions, displayed, failure_logs_off, value_of
-    from horovod_spark.settings import DriverSettings
 
-    settings = DriverSettings.read()  # the driver's edge: each fit reads its switches
-    opts = JobOptions(np=num_proc, rank0_only=True, verbose=verbose, show_output=verbose > 0,
-                      settings=settings, start_timeout=settings.start_timeout)
+    opts = JobOptions.of(num_proc, rank0_only=True, verbose=verbose, show_output=verbose > 0)
 
     with displayed(opts) as (opts, display):  # the progress bar, from the ranks' records
         if display.enabled:  # the loops report each step themselves (progress.report)

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 import torch._C._distributed_c10d as c10d
 
+import collectives
 from collectives import Communicator, NotSupported
 from collectives.types import DType, ReduceOp
 
@@ -98,15 +99,12 @@ def _communicator(store, rank: int, size: int, group_id: str, timeout_s: float) 
     from collectives import Config
     from collectives.launch.rankenv import RankEnv
     from collectives.rendezvous.auth import new_secret
-    from collectives.rendezvous.store import ForeignStore, TCPStore
+    from collectives.rendezvous.store import ForeignStore
 
     config = Config.create(env=os.environ)
-    renv = RankEnv.from_environ()
-    if renv is not None:  # a group id comes back after destroy_process_group: count them
-        nth = _made[group_id] = _made.get(group_id, -1) + 1
-        job = TCPStore.connect(renv.store_addr, renv.secret, config.connect_timeout)
-        return Communicator.create(job, rank, size, renv.host, renv.bind_addr, renv.secret,
-                                   f"{renv.job}/c10d/{group_id}.{nth}", config)
+    if RankEnv.from_environ() is not None:  # a group id comes back after
+        nth = _made[group_id] = _made.get(group_id, -1) + 1  # destroy_process_group: counted
+        return collectives.init(config, group=f"c10d/{group_id}.{nth}", rank=rank, size=size)
     foreign = ForeignStore(store)
     if rank == 0:
         foreign.set("hvs/secret", new_secret())

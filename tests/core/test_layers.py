@@ -237,12 +237,12 @@ def test_the_horovod_core_imports_no_framework_and_no_adapter():
     assert not bad, bad
 
 
-def test_the_adapters_and_the_rank_progress_never_reach_into_the_job_machinery():
+def test_the_adapters_the_core_and_the_rank_progress_never_reach_into_the_job_machinery():
     """horovod_spark/_job is the driver's and the task's; what runs in a rank's training
-    code (the torch, TensorFlow and Keras adapters, progress/) reads its switches from
-    horovod_spark/settings.py, never from _job."""
+    code (the torch, TensorFlow, Keras and JAX adapters, the Horovod core in common/,
+    progress/) reads its switches from horovod_spark/settings.py, never from _job."""
     bad = []
-    for sub in ("torch", "tensorflow", "keras", "progress"):
+    for sub in ("torch", "tensorflow", "keras", "jax", "common", "progress"):
         for p in (ROOT / "horovod_spark" / sub).rglob("*.py"):
             for node in ast.walk(ast.parse(p.read_text())):
                 if isinstance(node, ast.ImportFrom) and "_job" in (node.module or "").split("."):
@@ -271,11 +271,9 @@ def test_the_job_machinery_is_reached_through_its_face_only():
 
 
 def test_the_job_face_names_what_its_modules_define():
-    import importlib
-
     import horovod_spark._job as job
 
-    for name, module in job._FACE.items():
-        if module is not None:
-            assert getattr(job, name) is getattr(
-                importlib.import_module(f"horovod_spark._job.{module}"), name), name
+    for name in job.__all__:
+        value = getattr(job, name)
+        where = getattr(value, "__module__", None) or value.__name__
+        assert where.startswith("horovod_spark._job."), (name, where)
