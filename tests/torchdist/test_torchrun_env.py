@@ -125,3 +125,26 @@ def test_a_ddp_script_runs_unchanged_on_a_spark_connect_server(connect_server, t
     env["PYTHONPATH"] = os.pathsep.join([REPO, env.get("PYTHONPATH", "")])
     got = _run_cli(["--np", "2", "--remote", connect_server.url], tmp_path, env)
     _assert_ddp_weights(got, 2)
+
+
+def test_a_reserved_port_is_one_a_framework_s_listener_can_take_and_a_listened_one_is_not():
+    """MASTER_PORT and the TF ports: the reservation leaves the port to a listener that
+    binds every address (torch's TCPStore, TensorFlow's gRPC server); a port some process
+    listens on already (a tf.distribute server living on in a reused Spark Python worker)
+    would fail that listener, and `reserve_port` passes such a port over."""
+    import socket
+
+    from collectives.launch import torchrun
+
+    held = torchrun.reserve_port("127.0.0.1")
+    port = held.getsockname()[1]
+    listener = socket.socket()
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("0.0.0.0", port))
+        listener.listen(1)
+        assert not torchrun._listens(socket.AF_INET, "0.0.0.0", port)
+    finally:
+        listener.close()
+        held.close()
+    assert torchrun._listens(socket.AF_INET, "0.0.0.0", port)
