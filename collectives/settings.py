@@ -153,6 +153,19 @@ SETTINGS = (
             "the timeline marks the start of every fusion cycle"),
     _config("HOROVOD_CACHE_CAPACITY", "cache_capacity", 1024, parse_cache_capacity,
             "signatures the response cache keeps (0, Horovod's off, is 1 here)"),
+    _config("HOROVOD_AUTOTUNE", "autotune", False, parse_bool,
+            "tune the fusion threshold and the cycle time online (rank 0 searches, every "
+            "rank applies)"),
+    _config("HOROVOD_AUTOTUNE_LOG", "autotune_log", None, str,
+            "CSV file rank 0 writes autotune's samples to"),
+    _config("HOROVOD_AUTOTUNE_WARMUP_SAMPLES", "autotune_warmup_samples", 3,
+            number(int, 0, unit="samples"), "autotune's first samples, discarded"),
+    _config("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "autotune_steps_per_sample", 10,
+            number(int, 1, unit="steps"), "steps (reductions of a tensor) a sample lasts"),
+    _config("HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "autotune_bayes_opt_max_samples", 20,
+            number(int, 1, unit="samples"), "samples scored before the best is kept"),
+    _config("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "autotune_gaussian_process_noise", 0.8,
+            number(float, 0, unit="of the scores' spread"), "the search's noise"),
     _config("HOROVOD_STALL_CHECK_DISABLE", "stall_check_disable", False, parse_bool,
             "no stall reports (nor a stall's shutdown)"),
     _config("HOROVOD_STALL_CHECK_TIME_SECONDS", "stall_check_time", 60.0, number(float, 0),
@@ -249,6 +262,15 @@ class Config:
     cache_capacity: int = 1024
     #: No stall reports and no stall shutdown (HOROVOD_STALL_CHECK_DISABLE).
     stall_check_disable: bool = False
+    #: Tune the fusion threshold and the cycle time online (HOROVOD_AUTOTUNE and its
+    #: _LOG, _WARMUP_SAMPLES, _STEPS_PER_SAMPLE, _BAYES_OPT_MAX_SAMPLES,
+    #: _GAUSSIAN_PROCESS_NOISE; collectives/fusion/autotune.py).
+    autotune: bool = False
+    autotune_log: Optional[str] = None
+    autotune_warmup_samples: int = 3
+    autotune_steps_per_sample: int = 10
+    autotune_bayes_opt_max_samples: int = 20
+    autotune_gaussian_process_noise: float = 0.8
     #: "auto", "native", "mpi" or "nccl" (HOROVOD_SPARK_BACKEND).
     backend: str = "auto"
     #: Treat every rank as its own host, so the TCP path runs on one machine.

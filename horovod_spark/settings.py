@@ -126,7 +126,8 @@ def driver_only(job_env: Mapping[str, str], environ: Optional[Mapping[str, str]]
 # Every HOROVOD_* variable of Horovod 0.28's documentation a launch script may set.  Those
 # this package honours with Horovod's meaning are rows of the table above (collectives'
 # SETTINGS: the fusion threshold, cycle time, timeline and its cycle marks, the response
-# cache, stall checks, log level and time stamps, CPU operations, dynamic process sets) or
+# cache, stall checks, log level and time stamps, CPU operations, dynamic process sets,
+# autotune) or
 # of the launchers' contract (HOROVOD_RANK ...).  The rest are here: what each did in
 # Horovod, what happens to it here, what to do instead.  The driver warns once per name,
 # and per value where only some values are honoured (`warn_horovod`).
@@ -147,16 +148,7 @@ def _knob(name: str, horovod: str, here: str, honoured: Tuple[str, ...] = ()) ->
     return HorovodKnob(name, horovod, here, honoured)
 
 
-_AUTOTUNE = ("Horovod's autotune is not built here: set HOROVOD_FUSION_THRESHOLD and "
-             "HOROVOD_CYCLE_TIME (docs/benchmarks.md measures both per workload)")
 HOROVOD: Tuple[HorovodKnob, ...] = (
-    _knob("HOROVOD_AUTOTUNE", "Bayesian tuning of the fusion threshold, cycle time, "
-          "hierarchical flags and response cache during training", _AUTOTUNE, ("0",)),
-    _knob("HOROVOD_AUTOTUNE_LOG", "CSV log of autotune's samples", _AUTOTUNE),
-    _knob("HOROVOD_AUTOTUNE_WARMUP_SAMPLES", "autotune's discarded first samples", _AUTOTUNE),
-    _knob("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "autotune's steps per sample", _AUTOTUNE),
-    _knob("HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "autotune's samples", _AUTOTUNE),
-    _knob("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "autotune's noise prior", _AUTOTUNE),
     _knob("HOROVOD_HIERARCHICAL_ALLREDUCE", "allreduce within each host, then across the "
           "hosts' leaders, then broadcast within", "always so here: shared memory within a "
           "host, the host leaders over TCP; 0 cannot make it flat", ("1",)),

@@ -34,6 +34,7 @@ import numpy as np
 from ..errors import CollectiveError, CollectiveTimeout, MismatchError, describe
 from ..types import DType, ReduceOp
 from . import coordinator as C
+from .autotune import Autotuner
 from .cache import ResponseCache
 from .executor import Executor
 from .handle import Handle
@@ -94,6 +95,8 @@ class FusionEngine:
         self._handover = LaneHandover(self, self._lane) if self._lane is not None else None
         self._cuda = False  # True once a CUDA tensor is submitted (its cycles look for them)
         self._stall = StallWatch(comm, self._config, self.rank, self.size)
+        self._tuner: Optional[Autotuner] = (Autotuner(comm, self._config, self._tune)
+                                            if self._config.autotune else None)
         self._lane_update()
         self._sched = Scheduler(
             self._guarded_cycle, self._work, self._last_synced, lambda: self._stopped is not None,
@@ -289,7 +292,17 @@ class FusionEngine:
         """The lane runs only while the engine would contribute its plain vector."""
         if self._lane is not None:
             self._lane.set_enabled(not (self._joined or self._shutdown_requested or self._stopped
-                                        or self._executor.timeline is not None))
+                                        or self._executor.timeline is not None
+                                        or (self._tuner is not None and self._tuner.active)))
+
+    def _tune(self, threshold: int, cycle_ms: float) -> None:
+        """Autotune's setting, from the next cycle on (the same cycle on every rank)."""
+        self._executor.threshold = threshold
+        if self._lane is not None:
+            self._lane.native.set_threshold(int(threshold))
+        self._cycle_s = cycle_ms / 1000.0
+        if getattr(self, "_sched", None) is not None:
+            self._sched.cycle_s = self._cycle_s
 
     # -- what the scheduler runs and asks ----------------------------------------
     def _guarded_cycle(self, reraise_interrupts: bool = False, body=None) -> None:
@@ -364,6 +377,10 @@ class FusionEngine:
         self._metrics["cycles"] += 1
         self._metrics["coordination_s"] += t1 - t0
         self._execute([(sig, self._take(sig, t1)) for sig in ready], res.joined)
+        if self._tuner is not None and self._tuner.active:
+            self._tuner.cycle_done(ready)
+            if not self._tuner.active:  # tuned: the lane runs again
+                self._lane_update()
         for req, err in errors:
             self._done(req, None, err)
         self._after_join(res)

@@ -52,7 +52,7 @@ _FUSED_DTYPE = {int(d): (DType.FLOAT32 if d == DType.BFLOAT16 else d) for d in D
 class Executor:
     def __init__(self, comm, threshold: int, timeline, metrics: Dict[str, float],
                  done: Callable[[Request, object, Optional[BaseException]], None]) -> None:
-        self._comm, self._threshold = comm, threshold
+        self._comm, self.threshold = comm, threshold
         self.timeline, self._metrics, self._finish = timeline, metrics, done
         self._rank, self._size = comm.rank, comm.size
         # numpy dtype -> host fusion buffer; (torch?, dtype name) -> flat CUDA buffer
@@ -111,7 +111,7 @@ class Executor:
         op = _SUM if sig.op == _AVERAGE else sig.op
         groups = buckets.setdefault((sig.dtype, op, sig.device), [])
         nbytes = math.prod(sig.shape) * _STORAGE[sig.dtype].itemsize
-        if not groups or groups[-1][1] + nbytes > self._threshold:
+        if not groups or groups[-1][1] + nbytes > self.threshold:
             groups.append([[], 0])
         groups[-1][0].append((sig, req))
         groups[-1][1] += nbytes

@@ -46,7 +46,7 @@ class Scheduler:
         self._cycle, self._work, self._last_synced = cycle, work, last_synced
         self._stopped, self._on_exit = stopped, on_exit
         self.cycle_lock = cycle_lock  # one cycle at a time: the thread's, a driver's or the lane's
-        self._cycle_s, self._metrics, self.rank, self.size = cycle_s, metrics, rank, size
+        self.cycle_s, self._metrics, self.rank, self.size = cycle_s, metrics, rank, size
         self._wake = threading.Event()  # a submission arrived
         self._kick = threading.Event()  # someone waits on a handle: cycle now
         self._count_lock = threading.Lock()
@@ -125,7 +125,7 @@ class Scheduler:
                 self._cycle(True)
                 self._metrics["thread_cpu_s"] += time.thread_time() - cpu
             if not handle._done:  # some rank has not submitted it yet: pace like the thread
-                delay = self._cycle_s - (time.perf_counter() - self._last_synced())
+                delay = self.cycle_s - (time.perf_counter() - self._last_synced())
                 if delay > 0:
                     time.sleep(delay)
 
@@ -159,7 +159,7 @@ class Scheduler:
             return True
         since = time.perf_counter() - self._last_synced()
         if pending:
-            return kicked or since >= self._cycle_s
+            return kicked or since >= self.cycle_s
         return since >= IDLE_S
 
     def _wait(self) -> bool:
@@ -175,7 +175,7 @@ class Scheduler:
             # Counted from the end of the last coordination, which every rank left at
             # nearly the same moment: the ranks' cycles stay in step and nobody spins
             # long in the next coordination waiting for a peer.
-            delay = self._cycle_s - (time.perf_counter() - self._last_synced())
+            delay = self.cycle_s - (time.perf_counter() - self._last_synced())
             if delay > 0:
                 self._kick.wait(delay)
         else:
@@ -183,8 +183,8 @@ class Scheduler:
             idle = IDLE_S - (time.perf_counter() - self._last_synced())  # callers' cycles count too
             # (a caller may have drained the queue into the pending set meanwhile: look again)
             queued, pending, _ = self._work()
-            if not (queued or pending) and self._wake.wait(max(idle, 0.0)) and self._cycle_s > 0:
-                self._kick.wait(self._cycle_s)  # let a burst of submissions gather
+            if not (queued or pending) and self._wake.wait(max(idle, 0.0)) and self.cycle_s > 0:
+                self._kick.wait(self.cycle_s)  # let a burst of submissions gather
         kicked = self._kick.is_set()
         self._kick.clear()
         return kicked
