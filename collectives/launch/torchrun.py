@@ -35,18 +35,22 @@ def reserve_port(address: str, tries: int = 32) -> socket.socket:
     store (see the module docstring); its port is `.getsockname()[1]`.  Close it when the
     job ends.  A port bound on `address` alone could be in use on another address (an
     outgoing connection's local port on loopback), where the store's listener then fails
-    with EADDRINUSE.  A port some other socket listens on (a tf.distribute server that
-    lives on in a reused Spark Python worker: TensorFlow cannot stop one) is passed over:
-    each candidate is proved by a listener of its own, as the framework's will be."""
+    with EADDRINUSE.  The port is one no socket uses at all: bound with SO_REUSEADDR, the
+    kernel preferred ports whose only sockets were connections another job's servers left
+    (a tf.distribute server lives on in a reused Spark Python worker: TensorFlow cannot
+    stop one), where TensorFlow's gRPC server then failed to bind ("Could not start gRPC
+    server").  Each candidate is also proved by a listener of its own, as the framework's
+    will be."""
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     wildcard = "::" if family == socket.AF_INET6 else "0.0.0.0"
     passed: list = []  # held until a port is found, so the kernel offers others
     try:
         for _ in range(tries):
             sock = socket.socket(family, socket.SOCK_STREAM)
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:  # bound without SO_REUSEADDR, so the kernel offers a port no socket uses,
+                # connections that linger included; then with it, for the framework's bind
                 sock.bind((wildcard, 0))
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             except OSError:
                 sock.close()
                 raise
