@@ -4,14 +4,16 @@ Terms.  A *sample* is a stretch of the job's allreduces that ends when some tens
 has been reduced `steps_per_sample` times since the sample began (about that many training
 steps, Horovod's rule); its *score* is the bytes the job's allreduces moved per second of
 wall time on rank 0, so a setting that makes the steps themselves faster (less waiting in
-a cycle, fewer fused copies) scores higher.  The first `warmup_samples` are discarded.
+a cycle, fewer fused copies) scores higher.  A setting runs for SUBSAMPLES samples and
+scores their median, as Horovod's did; the first `warmup_samples` settings' scores are
+discarded.
 
 The *search* runs on rank 0 only: four starting points, then Bayesian optimisation (a
 Gaussian process over log2 of the threshold and of the cycle time, on a grid of the
 values below, with expected improvement as the choice) for `max_samples` samples; then
 the best setting is kept and tuning stops.  Rank 0's choice reaches every rank in the
 same cycle: samples end on data every rank agrees on (the cycle's ready tensors), and at
-a sample's end each rank contributes to one control allreduce (tagged as the engine's
+a setting's last sample's end each rank contributes to one control allreduce (tagged as the engine's
 coordination is, HOROVOD_SPARK_MESH_INTEGRITY) in which rank 0's values are the only
 non-zero ones.  Every rank then applies the same threshold (fusion groups stay identical)
 from the next cycle on.  While tuning, the engine keeps its cycles in Python (the C++ lane
@@ -42,6 +44,8 @@ CYCLE_TIMES_MS = (0.0, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0)
 START = ((64.0, 1.0), (4.0, 5.0), (16.0, 0.5), (1.0, 10.0), (0.25, 0.0))
 #: Horovod's columns (its hierarchical flags are always on here: shared memory within a
 #: host, the leaders across hosts).
+#: Samples a setting runs for; its score is their median (Horovod's five).
+SUBSAMPLES = 5
 LOG_HEADER = "hierarchical_allreduce,hierarchical_allgather,cycle_time_ms,tensor_fusion_threshold,score"
 
 
@@ -117,13 +121,14 @@ class Autotuner:
                                config.autotune_gaussian_process_noise,
                                self._point) if self.rank == 0 else None
         self._counts: Dict[str, int] = {}
+        self._scores: List[float] = []  # this setting's samples so far
         self._bytes, self._began = 0, time.perf_counter()
         self._file = None
         if self.rank == 0 and config.autotune_log:
             self._file = open(config.autotune_log, "w")
             self._file.write(LOG_HEADER + "\n")
             self._file.flush()
-        self.samples = 0  # samples ended, the warm-up's too
+        self.samples = 0  # settings scored, the warm-up's too
         self.cycles = 0  # cycles with ready tensors while tuning (the same on every rank)
         self.history: List[Tuple[int, Tuple[float, float]]] = []  # (cycle, setting) changes
 
@@ -143,8 +148,12 @@ class Autotuner:
 
     def _end_sample(self) -> None:
         now = time.perf_counter()
-        score = self._bytes / max(now - self._began, 1e-9) / 1e6  # MB/s of allreduce
+        self._scores.append(self._bytes / max(now - self._began, 1e-9) / 1e6)  # MB/s
         self._counts, self._bytes = {}, 0
+        if len(self._scores) < SUBSAMPLES:  # the same setting again (no word needed)
+            self._began = time.perf_counter()
+            return
+        score, self._scores = float(np.median(self._scores)), []
         out = np.zeros(3, np.float64)  # threshold MiB, cycle ms, still tuning: rank 0's
         if self.rank == 0:
             if self.warmup > 0:
