@@ -23,6 +23,7 @@ from ..rendezvous import auth
 from .channel import LauncherEnd
 from .procs import RankFailed, RankGroup, finish_grace, kept
 from .rankenv import RankEnv, rank_envs
+from .frameworks import VARIABLES as FRAMEWORK_VARIABLES
 from .frameworks import jax_environ, reserve_tf_port, tf_installed, tf_port_key
 from .torchrun import reserve_port, torchrun_environ
 from ..rendezvous.store import TCPStore
@@ -64,7 +65,7 @@ def start_ranks(cmd: Sequence[str], np_: int, env: Optional[dict] = None, hosts=
                 server.set(tf_port_key(job, renv.rank), value)
             channel = LauncherEnd(secret, payload)
             channels.append(channel)
-            child_env = dict(os.environ)
+            child_env = {k: v for k, v in os.environ.items() if k not in FRAMEWORK_VARIABLES}
             child_env["PYTHONPATH"] = _driver_path(child_env.get("PYTHONPATH", ""))
             child_env.update(env or {})
             child_env.update(renv.to_environ())

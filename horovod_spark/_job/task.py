@@ -45,6 +45,7 @@ import traceback
 from typing import Iterator, Optional, Tuple
 
 from collectives.launch.channel import LauncherEnd
+from collectives.launch.frameworks import VARIABLES as FRAMEWORK_VARIABLES
 from collectives.launch.frameworks import reserve_tf_port, tf_installed, tf_port_key
 from collectives.launch.procs import kept, pump, stop_kept
 from collectives.launch.record import Failure, RankResult, signal_name
@@ -108,8 +109,9 @@ def _python_path() -> str:
 
 def child_env(spec: TaskSpec, renv, gpus: Optional[Tuple[list, int]]) -> dict:
     """The rank process's environment; gpus: (the GPUs it sees, the ordinal of its own)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON_WORKER_FACTORY")}
-    env.update(dict(spec.env))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON_WORKER_FACTORY")
+           and k not in FRAMEWORK_VARIABLES}  # (a reused Python worker keeps another job's
+    env.update(dict(spec.env))                # TF_CONFIG: spark-tensorflow-distributor sets it)
     env.update(renv.to_environ())
     env["PYTHONPATH"] = _python_path()
     env["PYTHONUNBUFFERED"] = "1"

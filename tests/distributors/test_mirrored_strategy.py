@@ -88,3 +88,34 @@ def test_on_spark_each_task_is_a_worker(spark):
 
     value = MirroredStrategyRunner(num_slots=2, use_gpu=False).run(programs.tf_custom_loop)
     assert value["replicas"] == 2 and value["sum"] == 3.0
+
+
+def test_a_tf_config_left_in_sparks_python_workers_is_not_a_ranks(spark):
+    """spark-tensorflow-distributor sets TF_CONFIG in Spark's Python worker, which Spark
+    reuses: a later job's ranks inherited it and bound its ports, held by the servers that
+    live on there ("Could not start gRPC server").  Each rank gets its own job's."""
+    import os
+    import socket
+
+    held = socket.socket()
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    held.bind(("0.0.0.0", 0))
+    held.listen(1)  # a tf.distribute server of another job
+    stale = ('{"cluster": {"worker": ["127.0.0.1:%d", "127.0.0.1:%d"]}, '
+             '"task": {"type": "worker", "index": 0}}' % ((held.getsockname()[1],) * 2))
+    sc = spark.sparkContext
+
+    def leave(_):
+        os.environ["TF_CONFIG"] = stale
+
+    def clear(_):
+        os.environ.pop("TF_CONFIG", None)
+
+    try:
+        sc.parallelize(range(16), 8).foreach(leave)
+        value = _runner(local_mode=False).run(programs.tf_custom_loop)
+        assert value["replicas"] == 2 and value["sum"] == 3.0
+        assert not any(str(held.getsockname()[1]) in w for w in value["workers"]), value
+    finally:
+        sc.parallelize(range(16), 8).foreach(clear)
+        held.close()
