@@ -26,3 +26,16 @@ def connect_server():
     sys.stderr.write(f"\n[Spark Connect server up in {server.start_seconds:.1f} s]\n")
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def spark():
+    """The local[2] Spark session the runner would use (one a module; the estimator and
+    spark suites make their own)."""
+    pytest.importorskip("pyspark")
+    from horovod_spark._job.session import get_session
+
+    session = get_session(2)
+    if session.sparkContext.defaultParallelism < 2:
+        pytest.skip("the Spark session has fewer than 2 slots")
+    return session
