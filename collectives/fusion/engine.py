@@ -300,9 +300,7 @@ class FusionEngine:
         self._executor.threshold = threshold
         if self._lane is not None:
             self._lane.native.set_threshold(int(threshold))
-        self._cycle_s = cycle_ms / 1000.0
-        if getattr(self, "_sched", None) is not None:
-            self._sched.cycle_s = self._cycle_s
+        self._cycle_s = self._sched.cycle_s = cycle_ms / 1000.0
 
     # -- what the scheduler runs and asks ----------------------------------------
     def _guarded_cycle(self, reraise_interrupts: bool = False, body=None) -> None:

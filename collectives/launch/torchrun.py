@@ -30,52 +30,21 @@ VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
              "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
 
 
-def reserve_port(address: str, tries: int = 32) -> socket.socket:
+def reserve_port(address: str) -> socket.socket:
     """A socket that holds a port free on every address of `address`'s family for torch's
     store (see the module docstring); its port is `.getsockname()[1]`.  Close it when the
     job ends.  A port bound on `address` alone could be in use on another address (an
     outgoing connection's local port on loopback), where the store's listener then fails
-    with EADDRINUSE.  The port is one no socket uses at all: bound with SO_REUSEADDR, the
-    kernel preferred ports whose only sockets were connections another job's servers left
-    (a tf.distribute server lives on in a reused Spark Python worker: TensorFlow cannot
-    stop one), where TensorFlow's gRPC server then failed to bind ("Could not start gRPC
-    server").  Each candidate is also proved by a listener of its own, as the framework's
-    will be."""
+    with EADDRINUSE."""
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    wildcard = "::" if family == socket.AF_INET6 else "0.0.0.0"
-    passed: list = []  # held until a port is found, so the kernel offers others
+    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        for _ in range(tries):
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            try:  # bound without SO_REUSEADDR, so the kernel offers a port no socket uses,
-                # connections that linger included; then with it, for the framework's bind
-                sock.bind((wildcard, 0))
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            except OSError:
-                sock.close()
-                raise
-            if _listens(family, wildcard, sock.getsockname()[1]):
-                return sock
-            passed.append(sock)
-        raise OSError(f"no port on {wildcard} that a listener can take, after {tries} tries")
-    finally:
-        for sock in passed:
-            sock.close()
-
-
-def _listens(family, wildcard: str, port: int) -> bool:
-    """Whether a listener (SO_REUSEADDR, as torch's and gRPC's) can take `port` beside the
-    reservation; it closes at once, having accepted nothing (no TIME_WAIT is left)."""
-    probe = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        probe.bind((wildcard, port))
-        probe.listen(1)
-        return True
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", 0))
     except OSError:
-        return False
-    finally:
-        probe.close()
+        sock.close()
+        raise
+    return sock
 
 
 def torchrun_environ(renv, master: str, port: int, run_id: str, restarts: int = 0,

@@ -127,24 +127,25 @@ def test_a_ddp_script_runs_unchanged_on_a_spark_connect_server(connect_server, t
     _assert_ddp_weights(got, 2)
 
 
-def test_a_reserved_port_is_one_a_framework_s_listener_can_take_and_a_listened_one_is_not():
-    """MASTER_PORT and the TF ports: the reservation leaves the port to a listener that
-    binds every address (torch's TCPStore, TensorFlow's gRPC server); a port some process
-    listens on already (a tf.distribute server living on in a reused Spark Python worker)
-    would fail that listener, and `reserve_port` passes such a port over."""
+def test_a_reserved_port_is_one_a_framework_s_listener_can_take_and_nobody_else_s():
+    """MASTER_PORT and the TF ports: the reservation leaves the port to one listener that
+    binds every address (torch's TCPStore, TensorFlow's gRPC server), and to no second."""
     import socket
 
     from collectives.launch import torchrun
 
     held = torchrun.reserve_port("127.0.0.1")
     port = held.getsockname()[1]
-    listener = socket.socket()
+    listeners = [socket.socket() for _ in range(2)]
     try:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("0.0.0.0", port))
-        listener.listen(1)
-        assert not torchrun._listens(socket.AF_INET, "0.0.0.0", port)
+        for s in listeners:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listeners[0].bind(("0.0.0.0", port))
+        listeners[0].listen(1)
+        with pytest.raises(OSError):
+            listeners[1].bind(("0.0.0.0", port))
+            listeners[1].listen(1)
     finally:
-        listener.close()
+        for s in listeners:
+            s.close()
         held.close()
-    assert torchrun._listens(socket.AF_INET, "0.0.0.0", port)
