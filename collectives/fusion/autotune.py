@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import numpy as np
 
@@ -198,7 +198,3 @@ class Autotuner:
     def point(self) -> Tuple[float, float]:
         """(fusion threshold MiB, cycle time ms) in use."""
         return self._point
-
-    @property
-    def best(self) -> Optional[Tuple[Tuple[float, float], float]]:
-        return self._search.best() if self._search is not None and self._search.tried else None
